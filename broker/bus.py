@@ -1,0 +1,159 @@
+"""The JetStream bus: live feed, run jobs and control messages.
+
+Delivery contract of the live feed: best effort, in publish order per
+publisher connection, possibly duplicated (a retried publish) or missing (NATS
+down, backlog dropped). Subscribers therefore dedupe by position and fill
+holes from PostgreSQL; the live feed only makes delivery fast, never decides
+what the log holds.
+
+One live message carries one run's slice of one committed micro-batch: its
+events' JSON (as stored), the first `seq` and first session `cursor` (both are
+contiguous within the slice), and whether the slice ends the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+
+from . import constants as C
+from . import errors
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+# NATS' default max_payload is 1 MiB; a slice stays well under it.
+MAX_SLICE_BYTES = 512 * 1024
+
+
+class LiveBatch(msgspec.Struct, kw_only=True):
+    run_id: str
+    session_id: str
+    seq: int  # seq of events[0]
+    cursor: int  # session cursor of events[0]
+    events: list[msgspec.Raw]
+    types: list[str]
+    ended: bool = False
+
+
+_batch_encoder = msgspec.json.Encoder()
+_batch_decoder = msgspec.json.Decoder(LiveBatch)
+
+
+def encode_batch(batch: LiveBatch) -> bytes:
+    return _batch_encoder.encode(batch)
+
+
+def decode_batch(data: bytes) -> LiveBatch:
+    return _batch_decoder.decode(data)
+
+
+class Bus:
+    def __init__(self, nc: NatsClient, settings: Settings) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.settings = settings
+
+    @classmethod
+    async def connect(cls, url: str, settings: Settings, *, name: str = "runlog") -> Bus:
+        async def _error_cb(e: Exception) -> None:
+            log.warning("nats: %s", e)
+
+        try:
+            nc = await nats.connect(
+                servers=url.split(","),
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                connect_timeout=5,
+                error_cb=_error_cb,
+                # Keep publishes buffered while reconnecting; the publisher
+                # times out their acks and retries.
+                pending_size=64 * 1024 * 1024,
+            )
+        except (OSError, nats.errors.Error) as e:
+            raise errors.BusUnavailable(f"cannot connect to NATS at {url}: {e}") from e
+        return cls(nc, settings)
+
+    async def close(self) -> None:
+        try:
+            await self.nc.drain()
+        except (TimeoutError, nats.errors.Error, OSError):
+            await self.nc.close()
+
+    async def ensure_streams(self, replicas: int = 1) -> None:
+        """Create or update the streams runlog needs (idempotent)."""
+        s = self.settings
+        configs = [
+            api.StreamConfig(
+                name=C.EVENTS_STREAM,
+                subjects=[f"{C.EVENTS_SUBJECT_PREFIX}.>"],
+                retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE,
+                max_age=s.events_max_age_s,
+                duplicate_window=s.dedupe_window_s,
+                num_replicas=replicas,
+                discard=api.DiscardPolicy.OLD,
+            ),
+            api.StreamConfig(
+                name=C.JOBS_STREAM,
+                subjects=[C.JOBS_SUBJECT],
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                storage=api.StorageType.FILE,
+                duplicate_window=s.dedupe_window_s,
+                num_replicas=replicas,
+            ),
+            api.StreamConfig(
+                name=C.CONTROL_STREAM,
+                subjects=[f"{C.CONTROL_SUBJECT_PREFIX}.>"],
+                retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE,
+                max_age=s.events_max_age_s,
+                duplicate_window=s.dedupe_window_s,
+                num_replicas=replicas,
+            ),
+        ]
+        for cfg in configs:
+            try:
+                await self.js.add_stream(cfg)
+            except nats.js.errors.BadRequestError:
+                # Exists with another config: bring it to ours.
+                await self.js.update_stream(cfg)
+
+    async def publish_live(
+        self, subject: str, data: bytes, msg_id: str
+    ) -> asyncio.Future[api.PubAck]:
+        """Send one live-feed message; the returned future resolves on the ack."""
+        return await self.js.publish_async(
+            subject, data, headers={C.MSG_ID_HEADER: msg_id}, wait_stall=5.0
+        )
+
+    async def subscribe_live(
+        self, subject: str, callback: Callable[[LiveBatch], Awaitable[None] | None]
+    ) -> Subscription:
+        """A core-NATS subscription on live-feed subjects (no JetStream consumer:
+        gaps are filled from PostgreSQL, so the cheap path is enough)."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                batch = decode_batch(msg.data)
+            except msgspec.DecodeError:
+                log.error("undecodable live-feed message on %s", msg.subject)
+                return
+            result = callback(batch)
+            if result is not None:
+                await result
+
+        # Default pending limits: a subscriber that falls that far behind loses
+        # messages (nats-py reports a slow consumer) and refills from PostgreSQL.
+        return await self.nc.subscribe(subject, cb=on_msg)

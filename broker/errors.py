@@ -1,0 +1,115 @@
+"""Errors of the log, split by whose fault (client, storage, internal).
+
+Every error a client can see carries a stable `code` (see `docs/protocol.md`,
+"Error codes"). Code branches on the class or the code, never on the text.
+"""
+
+from __future__ import annotations
+
+
+class RunlogError(Exception):
+    """Base class. `code` is stable and documented; `retryable` tells a client
+    whether the same request may succeed later unchanged."""
+
+    code = "internal"
+    retryable = False
+    http_status = 500
+
+    def __init__(self, detail: str = "", *, hint: str = "") -> None:
+        super().__init__(detail or self.code)
+        self.detail = detail or self.code
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "code": self.code,
+            "message": self.detail,
+            "retryable": self.retryable,
+        }
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+# -- client errors: the request is wrong; retrying it unchanged will not help.
+
+
+class ClientError(RunlogError):
+    code = "bad_request"
+    http_status = 400
+
+
+class InvalidEvent(ClientError):
+    code = "invalid_event"
+
+
+class UnknownEventType(InvalidEvent):
+    code = "unknown_event_type"
+
+
+class PayloadTooLarge(ClientError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class InvalidCursor(ClientError):
+    code = "invalid_cursor"
+
+
+class NotFound(ClientError):
+    code = "not_found"
+    http_status = 404
+
+
+class RunNotFound(NotFound):
+    code = "run_not_found"
+
+
+class SessionNotFound(NotFound):
+    code = "session_not_found"
+
+
+class Conflict(ClientError):
+    code = "conflict"
+    http_status = 409
+
+
+class RunEnded(Conflict):
+    """An append to a run that already has `run_end`."""
+
+    code = "run_ended"
+
+
+class StaleEpoch(Conflict):
+    """The writer lost ownership of the run: another worker took it over with a
+    higher epoch. Nothing was appended. The writer must stop writing this run."""
+
+    code = "stale_epoch"
+
+
+# -- storage errors: a dependency failed; the same request may work later.
+
+
+class StorageError(RunlogError):
+    code = "storage_unavailable"
+    retryable = True
+    http_status = 503
+
+
+class BusUnavailable(StorageError):
+    code = "bus_unavailable"
+
+
+class MigrationError(RunlogError):
+    code = "migration_failed"
+
+
+class MigrationChecksumMismatch(MigrationError):
+    code = "migration_checksum_mismatch"
+
+
+# -- internal: a bug; logged with its trace, never shown with it.
+
+
+class InternalError(RunlogError):
+    code = "internal"

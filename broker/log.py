@@ -1,0 +1,501 @@
+"""The append path: micro-batched, fenced commits to PostgreSQL, then publish.
+
+Contract:
+- A run's events get `seq` 1, 2, 3, ... with no hole. The writer that owns
+  the run assigns them when they are appended; the commit checks that the
+  run's last committed seq and owner epoch are what the writer expects, so a
+  writer that lost ownership (a newer epoch exists) appends nothing and gets
+  StaleEpoch, for this and every later append.
+- Every event also gets its session's `cursor`, contiguous per session across
+  all runs and all writers. Cursors are taken under the session row's lock,
+  which is held until commit, so cursors commit in order: once cursor N is
+  visible, every cursor below N is too. The same holds for seq per run.
+- One transaction per flush, across runs: either every accepted run's slice
+  of the batch is committed or none is. That makes a retry after an ambiguous
+  failure (connection lost at COMMIT) decidable: look at one run's last_seq.
+- Only after commit is a run's slice published to JetStream (one message per
+  run per flush, deduplicated by `Nats-Msg-Id`). A failed publish is retried;
+  a dropped one is harmless, since subscribers fill holes from PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import asyncpg
+import msgspec
+import nats.errors
+
+from . import errors, events
+from .bus import MAX_SLICE_BYTES, Bus, LiveBatch, encode_batch
+from .constants import events_subject
+from .metrics import BrokerMetrics
+from .settings import Settings
+from .store import Ownership, Store
+
+log = logging.getLogger(__name__)
+
+# Errors after which we cannot know whether the transaction committed.
+_TRANSIENT = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.OperatorInterventionError,
+)
+# Errors after which the transaction surely rolled back and can be retried.
+_RETRY_SAFE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+
+_EVENT_COLUMNS = ("run_id", "seq", "session_id", "cursor", "ts", "type", "payload")
+
+_UPDATE_RUNS = """
+UPDATE runs SET
+    last_seq = u.base + u.n,
+    status = COALESCE(u.end_status, runs.status),
+    ended_at = CASE WHEN u.end_status IS NULL THEN runs.ended_at ELSE now() END
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::text[])
+    AS u(run_id, epoch, base, n, end_status)
+WHERE runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
+    AND runs.last_seq = u.base AND runs.ended_at IS NULL
+RETURNING runs.run_id
+"""
+
+_UPDATE_SESSIONS = """
+UPDATE sessions SET last_cursor = sessions.last_cursor + u.n
+FROM unnest($1::text[], $2::bigint[]) AS u(session_id, n)
+WHERE sessions.session_id = u.session_id
+RETURNING sessions.session_id, sessions.last_cursor - u.n
+"""
+
+
+class _Entry(NamedTuple):
+    writer: RunWriter
+    seq: int
+    ts: int
+    type: str
+    payload: bytes
+    t_append: float  # monotonic
+
+
+class _Publish(NamedTuple):
+    subject: str
+    msg_id: str
+    data: bytes
+    t_commit: float  # monotonic
+
+
+class RunWriter:
+    """The handle through which the owner of one run appends to its log.
+
+    `append` assigns the next seq and returns it at once (after waiting only
+    if the process-wide backlog is full); `flush` waits until everything
+    appended so far is committed. After a failure (StaleEpoch, RunEnded,
+    StorageError) the writer is dead: every later call raises that error.
+    """
+
+    def __init__(self, appender: Appender, ownership: Ownership) -> None:
+        self._appender = appender
+        self.run_id = ownership.run_id
+        self.session_id = ownership.session_id
+        self.epoch = ownership.epoch
+        self.committed_seq = ownership.last_seq
+        self._next_seq = ownership.last_seq + 1
+        self._error: errors.RunlogError | None = None
+        self._end_status: str | None = None
+        self._waiters: list[tuple[int, asyncio.Future[int]]] = []
+
+    @property
+    def last_seq(self) -> int:
+        """The seq given to the latest append (committed or not)."""
+        return self._next_seq - 1
+
+    @property
+    def error(self) -> errors.RunlogError | None:
+        return self._error
+
+    async def append(self, event: events.Event) -> int:
+        """Append `event` (its run_id, session_id, seq and ts are set here)."""
+        self._check()
+        await self._appender.wait_for_space()
+        self._check()
+        event.run_id = self.run_id
+        event.session_id = self.session_id
+        event.seq = self._next_seq
+        event.ts = self._appender.now_ms()
+        payload = events.encode(event)
+        # Strict check of what was built: a field of the wrong type in code
+        # would otherwise reach the log and break every reader.
+        typed = events.validate(payload, max_bytes=self._appender.settings.max_event_bytes)
+        return self._enqueue(typed, payload)
+
+    async def append_json(self, data: bytes) -> int:
+        """Append an event given as JSON from outside (decoded strictly)."""
+        self._check()
+        typed = events.validate(data, max_bytes=self._appender.settings.max_event_bytes)
+        return await self.append(typed)
+
+    def _enqueue(self, event: events.AnyEvent, payload: bytes) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        tag = event.__struct_config__.tag
+        assert isinstance(tag, str)
+        if tag in events.TERMINAL_TYPES:
+            self._end_status = getattr(event, "status", "completed")
+        self._appender.enqueue(_Entry(self, seq, event.ts, tag, payload, time.monotonic()))
+        return seq
+
+    async def flush(self) -> int:
+        """Wait until every event appended so far is committed; return its seq."""
+        target = self._next_seq - 1
+        if self._error is not None:
+            raise self._error
+        if self.committed_seq >= target:
+            return self.committed_seq
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append((target, fut))
+        return await fut
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._end_status is not None:
+            raise errors.RunEnded(f"run {self.run_id} has ended; nothing can follow run_end")
+
+    def _committed(self, last_seq: int) -> None:
+        self.committed_seq = last_seq
+        if self._waiters:
+            keep = []
+            for target, fut in self._waiters:
+                if target <= last_seq:
+                    if not fut.done():
+                        fut.set_result(last_seq)
+                else:
+                    keep.append((target, fut))
+            self._waiters = keep
+
+    def _fail(self, error: errors.RunlogError) -> None:
+        if self._error is None:
+            self._error = error
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(error)
+        self._waiters = []
+
+
+class Appender:
+    """One per process: batches the appends of all its writers into
+    transactions and publishes what committed."""
+
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus | None,
+        settings: Settings,
+        metrics: BrokerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.settings = settings
+        self.metrics = metrics
+        self._clock = clock
+        self._pending: list[_Entry] = []
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._publish_q: collections.deque[_Publish] = collections.deque()
+        self._publish_wake = asyncio.Event()
+        self._published_idle = asyncio.Event()
+        self._published_idle.set()
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def writer(self, ownership: Ownership) -> RunWriter:
+        return RunWriter(self, ownership)
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._flush_loop(), name="runlog-append-flush"),
+            asyncio.create_task(self._publish_loop(), name="runlog-append-publish"),
+        ]
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Commit what is pending, publish what committed (bounded), stop."""
+        self._closing = True
+        self._wake.set()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+                if self.bus is not None:
+                    await self._published_idle.wait()
+        except TimeoutError:
+            log.warning(
+                "appender closed with %d events uncommitted, %d messages unpublished",
+                len(self._pending),
+                len(self._publish_q),
+            )
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def wait_for_space(self) -> None:
+        while len(self._pending) >= self.settings.max_pending_events:
+            self._space.clear()
+            await self._space.wait()
+
+    def enqueue(self, entry: _Entry) -> None:
+        if self._closing:
+            raise errors.StorageError("this process is shutting down; append refused")
+        self._pending.append(entry)
+        self._idle.clear()
+        self._wake.set()
+
+    # -- flush
+
+    async def _flush_loop(self) -> None:
+        s = self.settings
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                continue
+            # Linger briefly when a batch starts from idle, so events produced
+            # together commit together; under load, commits run back to back
+            # and the batch forms while the previous one commits.
+            if len(self._pending) < s.flush_max_events and not self._closing:
+                await asyncio.sleep(s.flush_interval_ms / 1000)
+            while self._pending:
+                batch = self._pending[: s.flush_max_events]
+                del self._pending[: s.flush_max_events]
+                self.metrics.pending_events.set(len(self._pending))
+                if len(self._pending) < s.max_pending_events:
+                    self._space.set()
+                try:
+                    await self._commit_batch(batch)
+                except Exception as e:  # a bug: fail the batch's writers, keep serving
+                    log.exception("append batch failed")
+                    err = errors.InternalError(f"append failed: {type(e).__name__}")
+                    for entry in batch:
+                        entry.writer._fail(err)
+            self._idle.set()
+
+    async def _commit_batch(self, batch: list[_Entry]) -> None:
+        groups: dict[RunWriter, list[_Entry]] = {}
+        for entry in batch:
+            if entry.writer._error is None:
+                groups.setdefault(entry.writer, []).append(entry)
+        if not groups:
+            return
+        deadline = time.monotonic() + self.settings.db_retry_s
+        backoff = 0.05
+        while True:
+            try:
+                accepted = await self._commit(groups)
+                break
+            except _RETRY_SAFE:
+                self.metrics.flush_errors.labels("deadlock").inc()
+                await asyncio.sleep(0.001)
+                continue
+            except _TRANSIENT as e:
+                self.metrics.flush_errors.labels("connection").inc()
+                log.warning("append commit failed (%s); retrying", type(e).__name__)
+            except asyncpg.PostgresError as e:
+                self.metrics.flush_errors.labels("other").inc()
+                log.warning("append commit failed (%s); retrying", e)
+            # Unknown outcome: find out whether it committed before retrying.
+            if time.monotonic() > deadline:
+                err = errors.StorageError("PostgreSQL unavailable; the events were not committed")
+                for w in groups:
+                    w._fail(err)
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+            try:
+                found = await self._committed_before(groups)
+            except (*_TRANSIENT, asyncpg.PostgresError):
+                continue
+            if found is not None:
+                accepted = found
+                break
+        self._after_commit(groups, accepted, batch)
+
+    async def _commit(self, groups: dict[RunWriter, list[_Entry]]) -> dict[RunWriter, int]:
+        """One transaction. Returns each accepted writer's first cursor."""
+        writers = list(groups)
+        run_ids = [w.run_id for w in writers]
+        epochs = [w.epoch for w in writers]
+        bases = [groups[w][0].seq - 1 for w in writers]
+        counts = [len(groups[w]) for w in writers]
+        end_status = [
+            w._end_status if groups[w][-1].type in events.TERMINAL_TYPES else None for w in writers
+        ]
+        t0 = time.monotonic()
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_UPDATE_RUNS, run_ids, epochs, bases, counts, end_status)
+            ok = {r[0] for r in rows}
+            per_session: dict[str, int] = {}
+            for w in writers:
+                if w.run_id in ok:
+                    per_session[w.session_id] = per_session.get(w.session_id, 0) + len(groups[w])
+            accepted: dict[RunWriter, int] = {}
+            if per_session:
+                # Sorted, so concurrent writers lock sessions in one order.
+                sids = sorted(per_session)
+                srows = await conn.fetch(_UPDATE_SESSIONS, sids, [per_session[s] for s in sids])
+                next_cursor = {r[0]: r[1] + 1 for r in srows}
+                records = []
+                for w in writers:
+                    if w.run_id not in ok:
+                        continue
+                    sid = w.session_id
+                    if sid not in next_cursor:
+                        raise errors.SessionNotFound(f"no session {sid}")
+                    cursor = next_cursor[sid]
+                    accepted[w] = cursor
+                    for e in groups[w]:
+                        records.append((w.run_id, e.seq, sid, cursor, e.ts, e.type, e.payload))
+                        cursor += 1
+                    next_cursor[sid] = cursor
+                await conn.copy_records_to_table("events", records=records, columns=_EVENT_COLUMNS)
+        self.metrics.commit_seconds.observe(time.monotonic() - t0)
+        return accepted
+
+    async def _committed_before(
+        self, groups: dict[RunWriter, list[_Entry]]
+    ) -> dict[RunWriter, int] | None:
+        """After an ambiguous failure: if the batch committed, return what
+        `_commit` would have; if it did not, None. The transaction is
+        all-or-nothing, so one run showing our slice committed proves it."""
+        writers = list(groups)
+        rows = await self.store.pool.fetch(
+            "SELECT run_id, last_seq, owner_epoch FROM runs WHERE run_id = ANY($1::text[])",
+            [w.run_id for w in writers],
+        )
+        state = {r[0]: (r[1], r[2]) for r in rows}
+        done = [w for w in writers if state.get(w.run_id) == (groups[w][-1].seq, w.epoch)]
+        if not done:
+            return None
+        crow = await self.store.pool.fetch(
+            "SELECT e.run_id, e.cursor FROM events e"
+            " JOIN unnest($1::text[], $2::bigint[]) AS u(run_id, seq)"
+            " ON e.run_id = u.run_id AND e.seq = u.seq",
+            [w.run_id for w in done],
+            [groups[w][0].seq for w in done],
+        )
+        first = {r[0]: r[1] for r in crow}
+        return {w: first[w.run_id] for w in done if w.run_id in first}
+
+    def _after_commit(
+        self,
+        groups: dict[RunWriter, list[_Entry]],
+        accepted: dict[RunWriter, int],
+        batch: list[_Entry],
+    ) -> None:
+        now = time.monotonic()
+        m = self.metrics
+        n_committed = sum(len(groups[w]) for w in accepted)
+        m.events_appended.inc(n_committed)
+        m.batch_events.observe(n_committed)
+        m.append_latency_seconds.observe(now - batch[0].t_append)
+        for w, entries in groups.items():
+            if w not in accepted:
+                m.fenced.inc()
+                w._fail(
+                    errors.StaleEpoch(
+                        f"run {w.run_id}: epoch {w.epoch} is no longer the owner's; "
+                        "nothing was appended"
+                    )
+                )
+                continue
+            w._committed(entries[-1].seq)
+            if self.bus is not None:
+                self._queue_publish(w, entries, accepted[w], now)
+        if self.bus is not None:
+            self._publish_wake.set()
+
+    # -- publish
+
+    def _queue_publish(self, w: RunWriter, entries: list[_Entry], cursor: int, now: float) -> None:
+        subject = events_subject(w.session_id, w.run_id)
+        start = 0
+        while start < len(entries):
+            size = 0
+            end = start
+            while end < len(entries) and (end == start or size < MAX_SLICE_BYTES):
+                size += len(entries[end].payload)
+                end += 1
+            chunk = entries[start:end]
+            first = chunk[0]
+            data = encode_batch(
+                LiveBatch(
+                    run_id=w.run_id,
+                    session_id=w.session_id,
+                    seq=first.seq,
+                    cursor=cursor + start,
+                    events=[msgspec.Raw(e.payload) for e in chunk],
+                    types=[e.type for e in chunk],
+                    ended=chunk[-1].type in events.TERMINAL_TYPES,
+                )
+            )
+            self._publish_q.append(_Publish(subject, f"{w.run_id}:{first.seq}", data, now))
+            start = end
+        while len(self._publish_q) > self.settings.publish_backlog_max:
+            self._publish_q.popleft()
+            self.metrics.publish_dropped.inc()
+        self._published_idle.clear()
+        self.metrics.publish_backlog.set(len(self._publish_q))
+
+    async def _publish_loop(self) -> None:
+        backoff = 0.05
+        while True:
+            await self._publish_wake.wait()
+            self._publish_wake.clear()
+            while self._publish_q and self.bus is not None:
+                items = [self._publish_q[i] for i in range(min(256, len(self._publish_q)))]
+                acked = await self._publish_some(items)
+                for _ in range(acked):
+                    self._publish_q.popleft()
+                self.metrics.publish_backlog.set(len(self._publish_q))
+                if acked < len(items):
+                    self.metrics.publish_retries.inc(len(items) - acked)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.settings.publish_retry_max_s)
+                else:
+                    backoff = 0.05
+            self._published_idle.set()
+
+    async def _publish_some(self, items: list[_Publish]) -> int:
+        """Publish `items` pipelined; return how many from the front were acked."""
+        assert self.bus is not None
+        futures = []
+        try:
+            for it in items:
+                futures.append(await self.bus.publish_live(it.subject, it.data, it.msg_id))
+        except (nats.errors.Error, OSError) as e:
+            log.warning("live publish failed: %s", e)
+        if not futures:
+            return 0
+        done, pending = await asyncio.wait(futures, timeout=5.0)
+        for f in pending:
+            f.cancel()
+        ok = [f in done and not f.cancelled() and f.exception() is None for f in futures]
+        acked = 0
+        now = time.monotonic()
+        for it, good in zip(items, ok, strict=False):
+            if not good:
+                break
+            acked += 1
+            self.metrics.publish_lag_seconds.observe(now - it.t_commit)
+        self.metrics.published_messages.inc(acked)
+        return acked

@@ -1,0 +1,192 @@
+"""Read path: stored history merged with the live feed, with no gap and no
+duplicate.
+
+Contract of `Subscription` (an async iterator of event lists):
+- It yields every committed event of the run (or session) after `after`,
+  exactly once, in position order (`seq` for a run, `cursor` for a session).
+- It subscribes to the live feed *before* reading history, buffering live
+  batches meanwhile, so nothing committed during the replay is missed.
+- Live batches are deduplicated by position; a batch that starts past the
+  next expected position reveals a hole, filled from PostgreSQL.
+- When the live feed is quiet for `position_check_s`, it compares its
+  position with PostgreSQL's head and fills the difference: a tail whose
+  live message never came (NATS down, message dropped) still arrives.
+- A run subscription ends after delivering `run_end`; a session one never ends.
+
+Since an event is published only after commit, every event yielded is one a
+later replay returns (no phantom events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from . import constants as C
+from . import errors
+from .bus import Bus, LiveBatch
+from .metrics import BrokerMetrics
+from .settings import Settings
+from .store import Store, StoredEvent
+
+log = logging.getLogger(__name__)
+
+
+def batch_items(batch: LiveBatch) -> list[StoredEvent]:
+    rid, seq, cur, types = batch.run_id, batch.seq, batch.cursor, batch.types
+    return [
+        StoredEvent(rid, seq + i, cur + i, types[i], bytes(raw))
+        for i, raw in enumerate(batch.events)
+    ]
+
+
+class Subscription:
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus | None,
+        settings: Settings,
+        metrics: BrokerMetrics,
+        *,
+        run_id: str | None = None,
+        session_id: str | None = None,
+        after: int = 0,
+    ) -> None:
+        if (run_id is None) == (session_id is None):
+            raise ValueError("subscribe to exactly one of run_id or session_id")
+        if after < 0:
+            raise errors.InvalidCursor("a cursor is a non-negative integer")
+        self.store = store
+        self.bus = bus
+        self.settings = settings
+        self.metrics = metrics
+        self.run_id = run_id
+        self.session_id = session_id
+        self.position = after
+        self.ended = False
+        self._replaying = True
+        self._queue: asyncio.Queue[LiveBatch] = asyncio.Queue(
+            maxsize=max(1, settings.live_buffer_max // 16)
+        )
+        self._overflowed = False
+        self._nats_sub: NatsSubscription | None = None
+        self._by_run = run_id is not None
+
+    # -- lifecycle
+
+    async def start(self) -> Subscription:
+        if self.bus is not None:
+            subject = (
+                C.run_events_filter(self.run_id)
+                if self.run_id is not None
+                else C.session_events_filter(self.session_id or "")
+            )
+            self._nats_sub = await self.bus.subscribe_live(subject, self._on_live)
+        try:
+            head = await self._head()
+        except BaseException:
+            await self.close()
+            raise
+        if self.position > head:
+            await self.close()
+            raise errors.InvalidCursor(
+                f"cursor {self.position} is past the head ({head})",
+                hint="resume from a cursor this stream gave you",
+            )
+        return self
+
+    async def close(self) -> None:
+        if self._nats_sub is not None:
+            sub, self._nats_sub = self._nats_sub, None
+            try:
+                await sub.unsubscribe()
+            except Exception:  # connection already closed: nothing to undo
+                pass
+
+    async def __aenter__(self) -> Subscription:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    # -- iteration
+
+    async def __anext__(self) -> list[StoredEvent]:
+        while True:
+            if self.ended:
+                raise StopAsyncIteration
+            if self._replaying:
+                page = await self._page()
+                if len(page) < self.settings.page_max_events:
+                    self._replaying = False
+                if page:
+                    return self._deliver(page)
+                continue
+            try:
+                batch = await asyncio.wait_for(
+                    self._queue.get(), timeout=self.settings.position_check_s
+                )
+            except TimeoutError:
+                page = await self._check_position()
+                if page:
+                    return self._deliver(page)
+                continue
+            items = self._fresh(batch_items(batch))
+            if not items:
+                continue
+            if self._key(items[0]) != self.position + 1:
+                self.metrics.gap_fills.labels("gap").inc()
+                page = await self._page()
+                if page:
+                    return self._deliver(page)
+                continue  # not visible yet on this connection: wait for more
+            return self._deliver(items)
+
+    def _on_live(self, batch: LiveBatch) -> None:
+        try:
+            self._queue.put_nowait(batch)
+        except asyncio.QueueFull:
+            # Drop it; the next batch or the position check reveals the hole.
+            self._overflowed = True
+
+    def _key(self, e: StoredEvent) -> int:
+        return e.seq if self._by_run else e.cursor
+
+    def _fresh(self, items: list[StoredEvent]) -> list[StoredEvent]:
+        pos = self.position
+        if self._key(items[0]) > pos:
+            return items
+        return [e for e in items if self._key(e) > pos]
+
+    def _deliver(self, items: list[StoredEvent]) -> list[StoredEvent]:
+        self.position = self._key(items[-1])
+        if self._by_run and items[-1].type in ("run_end",):
+            self.ended = True
+        return items
+
+    async def _page(self) -> list[StoredEvent]:
+        limit = self.settings.page_max_events
+        if self.run_id is not None:
+            return await self.store.run_page(self.run_id, self.position, limit)
+        return await self.store.session_page(self.session_id or "", self.position, limit)
+
+    async def _head(self) -> int:
+        if self.run_id is not None:
+            return (await self.store.run_head(self.run_id))[0]
+        return await self.store.session_head(self.session_id or "")
+
+    async def _check_position(self) -> list[StoredEvent]:
+        head = await self._head()
+        if head <= self.position:
+            return []
+        self.metrics.gap_fills.labels("overflow" if self._overflowed else "position_check").inc()
+        self._overflowed = False
+        page = await self._page()
+        if len(page) == self.settings.page_max_events:
+            self._replaying = True  # far behind: page through before going live again
+        return page

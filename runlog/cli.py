@@ -1,0 +1,80 @@
+"""`runlog`: one command, one subcommand per process kind.
+
+    runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
+                      the worker(s) and gateway(s); Ctrl-C stops everything
+    runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
+    runlog settings   print every setting with its variable, flag and default
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from broker import errors, migrate
+from broker.settings import Settings
+
+log = logging.getLogger("runlog")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runlog", description="Durable event log for AI agent runs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run the embedded stack (NATS, PostgreSQL, worker, gateway)")
+    Settings.add_arguments(up)
+
+    mig = sub.add_parser("migrate", help="apply pending migrations")
+    Settings.add_arguments(mig)
+
+    sub.add_parser("settings", help="print every setting (variable, flag, default)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "settings":
+        _print_settings()
+        return
+    settings = Settings.from_args(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "migrate":
+            asyncio.run(_migrate(settings))
+        elif args.command == "up":
+            from . import up
+
+            asyncio.run(up.run(settings))
+    except errors.RunlogError as e:
+        print(f"runlog: error [{e.code}]: {e.detail}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass
+
+
+async def _migrate(settings: Settings) -> None:
+    if not settings.database_url:
+        raise errors.ClientError(
+            "RUNLOG_DATABASE_URL is not set", hint="`runlog up` runs an embedded PostgreSQL"
+        )
+    applied = await migrate.apply(settings.database_url)
+    print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+def _print_settings() -> None:
+    for env, flag, default, doc in Settings.table():
+        print(f"{env}\n  {flag}  (default: {default})\n  {doc}\n")
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)

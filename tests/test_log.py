@@ -1,0 +1,214 @@
+"""The durable per-run log: order, fencing, bad input (real NATS + PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import msgspec
+import pytest
+
+from broker import errors, events
+from broker.runtime import Broker
+
+from .helpers import assert_contiguous, collect, new_run, text
+
+
+async def test_concurrent_runs_are_contiguous_per_run_and_per_session(broker: Broker) -> None:
+    store = broker.store
+    n_runs, n_events, n_sessions = 50, 1000, 5
+    sessions = [await store.create_session("alice") for _ in range(n_sessions)]
+    run_ids = [await store.create_run(sessions[i % n_sessions], "alice") for i in range(n_runs)]
+    writers = [await broker.claim(r, "w-test") for r in run_ids]
+
+    async def produce(w_index: int) -> None:
+        w = writers[w_index]
+        for i in range(n_events):
+            await w.append(text(i))
+            if i % 97 == 0:
+                await asyncio.sleep(0)  # interleave the writers
+        await w.flush()
+
+    await asyncio.gather(*(produce(i) for i in range(n_runs)))
+
+    async with store.pool.acquire() as conn:
+        for run_id in run_ids:
+            seqs = [
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT seq FROM events WHERE run_id = $1 ORDER BY seq", run_id
+                )
+            ]
+            assert seqs == list(range(1, n_events + 1))
+            payloads = await conn.fetch(
+                "SELECT seq, payload FROM events WHERE run_id = $1 ORDER BY seq", run_id
+            )
+            for seq, payload in payloads:
+                ev = events.decode_stored(payload)
+                assert (ev.run_id, ev.seq) == (run_id, seq)
+                assert isinstance(ev, events.TextDelta) and ev.delta == f"tok{seq - 1} "
+        for sid in sessions:
+            cursors = [
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT cursor FROM events WHERE session_id = $1 ORDER BY cursor", sid
+                )
+            ]
+            expected = n_events * (n_runs // n_sessions)
+            assert cursors == list(range(1, expected + 1))
+            assert await store.session_head(sid) == expected
+    # The committed events reached the metrics once each.
+    assert broker.metrics.events_appended._value.get() >= n_runs * n_events
+
+
+async def test_stale_epoch_writer_is_refused_and_appends_nothing(broker: Broker) -> None:
+    _, run_id = await new_run(broker.store)
+    old = await broker.claim(run_id, "worker-a")
+    for i in range(5):
+        await old.append(text(i))
+    assert await old.flush() == 5
+
+    new = await broker.claim(run_id, "worker-b")  # takeover: epoch bumped
+    assert new.epoch == old.epoch + 1
+    for i in range(3):
+        await old.append(text(100 + i))
+    with pytest.raises(errors.StaleEpoch) as info:
+        await old.flush()
+    assert info.value.code == "stale_epoch"
+    with pytest.raises(errors.StaleEpoch):
+        await old.append(text(999))  # dead for good
+
+    count = await broker.store.pool.fetchval(
+        "SELECT count(*) FROM events WHERE run_id = $1", run_id
+    )
+    assert count == 5
+    # The new owner continues the same sequence.
+    assert await new.append(text(5)) == 6
+    assert await new.flush() == 6
+    page = await broker.store.run_page(run_id, 0, 100)
+    assert [e.seq for e in page] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_bad_input_gets_a_code_and_writes_nothing(broker: Broker) -> None:
+    _, run_id = await new_run(broker.store)
+    w = await broker.claim(run_id, "w")
+    limit = broker.settings.max_event_bytes
+    cases: list[tuple[bytes, str]] = [
+        (b'{"type":"no_such_type","x":1}', "unknown_event_type"),
+        (b'{"message_id":"m"}', "unknown_event_type"),
+        (b'{"type":"text_delta","message_id":7,"delta":"x"}', "invalid_event"),
+        (b'{"type":"tool_call_start","tool_call_id":"t","tool_name":"x","risk_level":"extreme"}',
+         "invalid_event"),
+        (b'{"type":"text_delta"', "invalid_event"),
+        (b"\xff\xfe", "invalid_event"),
+        (b'{"type":"text_delta","message_id":"m","delta":"' + b"x" * limit + b'"}',
+         "payload_too_large"),
+    ]  # fmt: skip
+    for data, code in cases:
+        with pytest.raises(errors.RunlogError) as info:
+            await w.append_json(data)
+        assert info.value.code == code, data[:60]
+    # A struct built in code with a wrong field type is caught the same way.
+    with pytest.raises(errors.InvalidEvent):
+        await w.append(events.TextDelta(message_id=123, delta="x"))  # type: ignore[arg-type]
+    with pytest.raises(errors.PayloadTooLarge):
+        await w.append(events.TextDelta(message_id="m", delta="y" * limit))
+
+    assert await w.flush() == 0
+    assert await broker.store.run_page(run_id, 0, 10) == []
+    # Bad input changed nothing: the writer still works, from seq 1.
+    assert await w.append_json(b'{"type":"text_delta","message_id":"m","delta":"ok"}') == 1
+    assert await w.flush() == 1
+
+
+async def test_nothing_follows_run_end(broker: Broker) -> None:
+    _, run_id = await new_run(broker.store)
+    w = await broker.claim(run_id, "w")
+    await w.append(text(0))
+    await w.append(events.RunEnd(status="completed"))
+    with pytest.raises(errors.RunEnded):
+        await w.append(text(1))
+    assert await w.flush() == 2
+    info = await broker.store.get_run(run_id)
+    assert info.status == "completed" and info.ended_at_ms is not None
+    with pytest.raises(errors.RunEnded):
+        await broker.claim(run_id, "w2")
+
+
+async def test_subscribe_after_random_cursor_while_appending(broker: Broker) -> None:
+    _, run_id = await new_run(broker.store)
+    w = await broker.claim(run_id, "w")
+    total = 3000
+    rng = random.Random(7)
+    for i in range(500):
+        await w.append(text(i))
+    await w.flush()
+
+    async def produce() -> None:
+        for i in range(500, total - 1):
+            await w.append(text(i))
+            if i % 50 == 0:
+                await asyncio.sleep(0.002)
+        await w.append(events.RunEnd(status="completed"))
+        await w.flush()
+
+    async def consume(after: int) -> None:
+        sub = await broker.subscribe(run_id=run_id, after=after)
+        try:
+            got = await collect(sub, total - after)
+        finally:
+            await sub.close()
+        assert_contiguous(got, first=after + 1)
+        assert len(got) == total - after
+        assert got[-1].type == "run_end" and sub.ended
+        for e in got[:3]:
+            assert msgspec.json.decode(e.payload)["seq"] == e.seq
+
+    producer = asyncio.create_task(produce())
+    consumers = []
+    for _ in range(8):
+        after = rng.randrange(0, w.committed_seq + 1)
+        consumers.append(asyncio.create_task(consume(after)))
+        await asyncio.sleep(0.02)
+    await asyncio.gather(producer, *consumers)
+
+
+async def test_session_subscription_merges_runs_in_cursor_order(broker: Broker) -> None:
+    session_id = await broker.store.create_session("alice")
+    runs = [await broker.store.create_run(session_id, "alice") for _ in range(4)]
+    writers = [await broker.claim(r, "w") for r in runs]
+    per_run = 300
+    sub = await broker.subscribe(session_id=session_id, after=0)
+
+    async def produce(i: int) -> None:
+        for k in range(per_run):
+            await writers[i].append(text(k))
+            if k % 25 == 0:
+                await asyncio.sleep(0.001)
+        await writers[i].flush()
+
+    try:
+        await asyncio.gather(*(produce(i) for i in range(4)))
+        got = await collect(sub, per_run * 4)
+    finally:
+        await sub.close()
+    assert_contiguous(got, first=1, by="cursor")
+    for r in runs:  # each run's events, within the session stream, in seq order
+        assert [e.seq for e in got if e.run_id == r] == list(range(1, per_run + 1))
+    # Resuming mid-stream gives exactly the rest.
+    sub2 = await broker.subscribe(session_id=session_id, after=700)
+    try:
+        rest = await collect(sub2, per_run * 4 - 700)
+    finally:
+        await sub2.close()
+    assert_contiguous(rest, first=701, by="cursor")
+
+
+async def test_cursor_past_head_is_refused(broker: Broker) -> None:
+    session_id, run_id = await new_run(broker.store)
+    with pytest.raises(errors.InvalidCursor):
+        await broker.subscribe(run_id=run_id, after=5)
+    with pytest.raises(errors.InvalidCursor):
+        await broker.subscribe(session_id=session_id, after=-1)
+    with pytest.raises(errors.RunNotFound):
+        await broker.subscribe(run_id="r_doesnotexist", after=0)
