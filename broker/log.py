@@ -36,18 +36,11 @@ from .bus import MAX_SLICE_BYTES, Bus, LiveBatch, encode_batch
 from .constants import events_subject
 from .metrics import BrokerMetrics
 from .settings import Settings
+from .store import TRANSIENT_DB_ERRORS as _TRANSIENT
 from .store import Ownership, Store
 
 log = logging.getLogger(__name__)
 
-# Errors after which we cannot know whether the transaction committed.
-_TRANSIENT = (
-    OSError,
-    asyncio.TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.OperatorInterventionError,
-)
 # Errors after which the transaction surely rolled back and can be retried.
 _RETRY_SAFE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 

@@ -100,14 +100,19 @@ async def _apply_locked(conn: asyncpg.Connection, migrations: list[Migration]) -
     for m in migrations:
         if m.version in applied:
             continue
-        async with conn.transaction():
-            await conn.execute(m.sql)
-            await conn.execute(
-                f"INSERT INTO {MIGRATIONS_TABLE} (version, name, checksum) VALUES ($1, $2, $3)",
-                m.version,
-                m.name,
-                m.checksum,
-            )
+        try:
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await conn.execute(
+                    f"INSERT INTO {MIGRATIONS_TABLE} (version, name, checksum) VALUES ($1, $2, $3)",
+                    m.version,
+                    m.name,
+                    m.checksum,
+                )
+        except asyncpg.PostgresError as e:
+            raise errors.MigrationError(
+                f"migration {m.version:04d}_{m.name} failed and was rolled back: {e}"
+            ) from e
         log.info("applied migration %04d_%s", m.version, m.name)
         done.append(m)
     return done

@@ -11,7 +11,10 @@ means the caller has reached the head as of that read.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple, TypeVar
 
 import asyncpg
 
@@ -19,6 +22,36 @@ from . import errors, ids
 from .settings import Settings
 
 ROLES = ("owner", "approver", "viewer")
+
+# Errors after which the server or connection is gone for now: whether a
+# transaction in flight committed is unknown, and the same call may work later.
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.OperatorInterventionError,
+    # Raised by asyncpg when the connection broke in the middle of an operation.
+    asyncpg.InternalClientError,
+)
+
+T = TypeVar("T")
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]], *, for_s: float, what: str = "read"
+) -> T:
+    """Run a read, retrying it while PostgreSQL is unreachable (at most `for_s`)."""
+    deadline = time.monotonic() + for_s
+    backoff = 0.05
+    while True:
+        try:
+            return await call()
+        except TRANSIENT_DB_ERRORS as e:
+            if time.monotonic() > deadline:
+                raise errors.StorageError(f"PostgreSQL unavailable during {what}") from e
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
 
 
 class StoredEvent(NamedTuple):

@@ -29,7 +29,7 @@ from . import errors
 from .bus import Bus, LiveBatch
 from .metrics import BrokerMetrics
 from .settings import Settings
-from .store import Store, StoredEvent
+from .store import Store, StoredEvent, retry_transient
 
 log = logging.getLogger(__name__)
 
@@ -171,14 +171,29 @@ class Subscription:
 
     async def _page(self) -> list[StoredEvent]:
         limit = self.settings.page_max_events
+        pos = self.position
         if self.run_id is not None:
-            return await self.store.run_page(self.run_id, self.position, limit)
-        return await self.store.session_page(self.session_id or "", self.position, limit)
+            run_id = self.run_id
+            return await retry_transient(
+                lambda: self.store.run_page(run_id, pos, limit), for_s=self.settings.db_retry_s
+            )
+        session_id = self.session_id or ""
+        return await retry_transient(
+            lambda: self.store.session_page(session_id, pos, limit),
+            for_s=self.settings.db_retry_s,
+        )
 
     async def _head(self) -> int:
         if self.run_id is not None:
-            return (await self.store.run_head(self.run_id))[0]
-        return await self.store.session_head(self.session_id or "")
+            run_id = self.run_id
+            head = await retry_transient(
+                lambda: self.store.run_head(run_id), for_s=self.settings.db_retry_s
+            )
+            return head[0]
+        session_id = self.session_id or ""
+        return await retry_transient(
+            lambda: self.store.session_head(session_id), for_s=self.settings.db_retry_s
+        )
 
     async def _check_position(self) -> list[StoredEvent]:
         head = await self._head()
