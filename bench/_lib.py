@@ -6,7 +6,7 @@
 - `CpuMeter`: CPU seconds of this process and of the server processes, read
   with psutil around a measured phase.
 - `Figure` / `summarize`: one measured quantity over the trials, reported as
-  median (min–max), the same form as the baseline.
+  median (min-max), the same form as the baseline.
 - `print_table`, `write_result`, `machine_info`: the readable table and the JSON
   file under bench/results/.
 
@@ -263,13 +263,13 @@ def fmt(v: float) -> str:
 def print_table(title: str, figures: Iterable[Figure], trials: int) -> None:
     figs = list(figures)
     rows = [
-        (f["name"], f["unit"], f"{fmt(f['median'])} ({fmt(f['min'])}–{fmt(f['max'])})")
+        (f["name"], f["unit"], f"{fmt(f['median'])} ({fmt(f['min'])}-{fmt(f['max'])})")
         for f in figs
     ]
     w0 = max([len(r[0]) for r in rows] + [6])
     w1 = max([len(r[1]) for r in rows] + [4])
     w2 = max([len(r[2]) for r in rows] + [20])
-    print(f"\n{title} — median (min–max) over {trials} trial(s)")
+    print(f"\n{title} — median (min-max) over {trials} trial(s)")
     section = None
     for f, (name, unit, value) in zip(figs, rows, strict=True):
         if f["section"] != section:
@@ -340,9 +340,12 @@ class Timer:
         self._c0 = self.meter.snapshot()
         self._t0 = time.perf_counter()
 
+    def lap(self) -> tuple[float, dict[str, float]]:
+        """Wall seconds and CPU seconds since start(), without stopping."""
+        return time.perf_counter() - self._t0, CpuMeter.delta(self._c0, self.meter.snapshot())
+
     def stop(self) -> None:
-        self.wall_s = time.perf_counter() - self._t0
-        self.cpu_s = CpuMeter.delta(self._c0, self.meter.snapshot())
+        self.wall_s, self.cpu_s = self.lap()
 
     def us_per(self, n: int, who: str) -> float:
         """CPU µs per item of `who`, NaN when not measurable (external server)."""

@@ -1,0 +1,562 @@
+"""append: durable append throughput of many concurrent runs, next to the raw limits.
+
+One process plays a worker that owns `--runs` runs spread over `--sessions`
+sessions and streams `--events-per-run` token deltas (~150-byte events) into
+each through the product API (`Broker.claim` → `RunWriter.append`), all runs at
+once. Measured from the first append until
+
+- committed: every writer's `flush()` returned (PostgreSQL has every event), and
+- published: the appender's publish backlog is empty (JetStream acked every
+  live-feed message of those commits).
+
+In the same run and against the same servers, each trial then measures the
+raw limits the append path is built on:
+
+- raw PostgreSQL: asyncpg `copy_records_to_table` of 1000-row batches into a
+  scratch table shaped like `events` (same keys and index), one commit each;
+- raw JetStream: nats-py `js.publish_async` of 150-byte messages to a scratch
+  stream, 256 in flight;
+- raw core NATS: publish → subscribe of 150-byte messages, both ends in this
+  process (a reference for what one Python process moves through NATS at all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import dataclasses
+import io
+import itertools
+import pstats
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import api
+from prometheus_client import CollectorRegistry
+
+from broker import events
+from broker.log import RunWriter
+from broker.metrics import BrokerMetrics
+from broker.runtime import Broker
+from broker.settings import Settings
+
+from . import _lib
+from ._lib import Figure, Stack, Timer, summarize
+
+# What a model's token stream looks like: short, uneven pieces of text.
+TOKENS = (
+    " The", " quick", " answer", " is", " that", " it", " depends", " on", " the", " context",
+    ",", " and", " we", " should", " first", " check", " which", " tool", " returned", " the",
+    " error", ".", " Let", " me", " look", " at", " the", " logs", " again", "\n",
+)  # fmt: skip
+
+RAW_TABLE = "bench_raw"
+RAW_COLUMNS = ("run_id", "seq", "session_id", "cursor", "ts", "type", "payload")
+RAW_STREAM = "RUNLOG_BENCH_RAW"
+RAW_JS_SUBJECT = "runlog-bench.js"
+RAW_CORE_SUBJECT = "runlog-bench.core"
+RAW_MSG_BYTES = 150
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    defaults = Settings()
+    p.add_argument("--runs", type=int, default=100, help="concurrent runs (default: 100)")
+    p.add_argument("--events-per-run", type=int, default=2000, help="(default: 2000)")
+    p.add_argument("--sessions", type=int, default=10, help="runs are spread over these")
+    p.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="events a run appends before yielding to the event loop, like tokens arriving "
+        "in one network read (default: 1, every token on its own)",
+    )
+    p.add_argument(
+        "--sample-every",
+        type=int,
+        default=50,
+        help="time append→commit of every Nth event of each run (default: 50)",
+    )
+    p.add_argument(
+        "--flush-max-events",
+        type=_int_list,
+        default=[defaults.flush_max_events],
+        help=f"setting to sweep, comma-separated (default: {defaults.flush_max_events})",
+    )
+    p.add_argument(
+        "--flush-interval-ms",
+        type=_float_list,
+        default=[defaults.flush_interval_ms],
+        help=f"setting to sweep, comma-separated (default: {defaults.flush_interval_ms})",
+    )
+    p.add_argument("--raw-pg-rows", type=int, default=200_000, help="(default: 200000)")
+    p.add_argument("--raw-pg-batch", type=int, default=1000, help="(default: 1000)")
+    p.add_argument("--raw-js-msgs", type=int, default=50_000, help="(default: 50000)")
+    p.add_argument("--raw-js-inflight", type=int, default=256, help="(default: 256)")
+    p.add_argument("--raw-core-msgs", type=int, default=200_000, help="(default: 200000)")
+    p.add_argument("--no-raw", action="store_true", help="skip the raw-limit measurements")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="cProfile the append phase of the first trial into FILE (pstats) and print "
+        "the top functions; slows that trial, so its figures are not comparable",
+    )
+
+
+def _int_list(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def _float_list(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    combos = list(itertools.product(args.flush_max_events, args.flush_interval_ms))
+    per_trial: list[dict[str, Any]] = []
+    async with _lib.stack(args.work_dir) as st:
+        versions = await _lib.server_versions(st)
+        meter = _lib.CpuMeter(st)
+        for trial in range(args.trials):
+            t: dict[str, Any] = {"append": []}
+            for max_events, interval_ms in combos:
+                profile = args.profile if trial == 0 else None
+                r = await _append_trial(st, meter, args, max_events, interval_ms, profile)
+                t["append"].append(r)
+                _progress(trial, f"append {_combo_name(max_events, interval_ms)}", r)
+            if not args.no_raw:
+                t["raw_pg"] = await _raw_pg(st, meter, args)
+                _progress(trial, "raw pg", t["raw_pg"])
+                t["raw_js"] = await _raw_js(st, meter, args)
+                _progress(trial, "raw js", t["raw_js"])
+                t["raw_core"] = await _raw_core(st, meter, args)
+                _progress(trial, "raw core nats", t["raw_core"])
+            per_trial.append(t)
+    return {
+        "servers": versions,
+        "event_bytes_mean": per_trial[0]["append"][0]["event_bytes_mean"],
+        "figures": _figures(per_trial, combos, args),
+        "trials": per_trial,
+    }
+
+
+def _combo_name(max_events: int, interval_ms: float) -> str:
+    return f"flush_max_events={max_events} flush_interval_ms={interval_ms:g}"
+
+
+def _progress(trial: int, what: str, r: dict[str, Any]) -> None:
+    rate = r.get("committed_events_s") or r.get("rows_s") or r.get("msgs_s") or 0.0
+    print(f"trial {trial + 1}: {what}: {rate:,.0f}/s", flush=True)
+
+
+# --- the product path ------------------------------------------------------------
+
+
+async def _append_trial(
+    st: Stack,
+    meter: _lib.CpuMeter,
+    args: argparse.Namespace,
+    flush_max_events: int,
+    flush_interval_ms: float,
+    profile_path: Path | None,
+) -> dict[str, Any]:
+    settings = dataclasses.replace(
+        Settings.from_env({}),
+        nats_url=st.nats_url,
+        database_url=st.database_url,
+        flush_max_events=flush_max_events,
+        flush_interval_ms=flush_interval_ms,
+    )
+    b = await Broker.connect(settings, registry=CollectorRegistry(), name="runlog-bench")
+    try:
+        sessions = [await b.store.create_session("bench") for _ in range(args.sessions)]
+        writers: list[RunWriter] = []
+        for i in range(args.runs):
+            run_id = await b.store.create_run(sessions[i % len(sessions)], "bench", model="bench")
+            writers.append(await b.claim(run_id, "bench-worker"))
+        # Warm-up outside the measurement: every run's first event (run_start)
+        # opens the pool's connection, prepares the statements and creates the
+        # publish path, as a worker that has been up for a while would have.
+        for w in writers:
+            await w.append(events.RunStart(model="bench", started_by="bench"))
+        await asyncio.gather(*(w.flush() for w in writers))
+        await _wait_published(b)
+        m = b.metrics
+        base = {
+            "batches": _lib.histogram_stats(m.batch_events)["count"],
+            "events": _lib.histogram_stats(m.batch_events)["sum"],
+            "messages": _sample(m, "runlog_publish_messages_total"),
+        }
+        # Fresh histograms for the measured phase: read the deltas from these.
+        hist_base = {
+            "commit": _lib.histogram_stats(m.commit_seconds),
+            "batch": _lib.histogram_stats(m.batch_events),
+        }
+
+        latencies: list[float] = []
+        n_events = args.runs * args.events_per_run
+        profiler = cProfile.Profile() if profile_path is not None else None
+        timer = Timer(meter)
+        timer.start()
+        if profiler is not None:
+            profiler.enable()
+        await asyncio.gather(
+            *(
+                _stream_tokens(w, k, args.events_per_run, args.burst, args.sample_every, latencies)
+                for k, w in enumerate(writers)
+            )
+        )
+        commit_wall_s, commit_cpu = timer.lap()
+        await _wait_published(b)
+        if profiler is not None:
+            profiler.disable()
+        timer.stop()
+        if profiler is not None and profile_path is not None:
+            _dump_profile(profiler, profile_path)
+
+        batch = _lib.histogram_stats(m.batch_events)
+        commit = _lib.histogram_stats(m.commit_seconds)
+        n_batches = batch["count"] - base["batches"]
+        n_committed = batch["sum"] - base["events"]
+        n_messages = _sample(m, "runlog_publish_messages_total") - base["messages"]
+        latencies.sort()
+        publish_lag = _lib.histogram_stats(m.publish_lag_seconds)
+        append_hist = _lib.histogram_stats(m.append_latency_seconds)
+        sample_payload = events.encode(
+            events.TextDelta(
+                message_id="m_0001",
+                delta=TOKENS[1],
+                run_id=writers[0].run_id,
+                session_id=writers[0].session_id,
+                seq=1000,
+                ts=b.appender.now_ms(),
+            )
+        )
+        return {
+            "flush_max_events": flush_max_events,
+            "flush_interval_ms": flush_interval_ms,
+            "events": n_events,
+            "events_committed": n_committed,
+            "event_bytes_mean": len(sample_payload),
+            "committed_s": commit_wall_s,
+            "published_s": timer.wall_s,
+            "committed_events_s": n_events / commit_wall_s,
+            "published_events_s": n_events / timer.wall_s,
+            "latency_samples": len(latencies),
+            "latency_p50_ms": _lib.quantile(latencies, 0.5) * 1e3,
+            "latency_p99_ms": _lib.quantile(latencies, 0.99) * 1e3,
+            "latency_max_ms": (latencies[-1] if latencies else float("nan")) * 1e3,
+            # The product's own histogram: oldest event of each batch, append→commit.
+            "metric_append_latency_p50_ms": append_hist["p50"] * 1e3,
+            "metric_append_latency_p99_ms": append_hist["p99"] * 1e3,
+            "batches": n_batches,
+            "batch_events_mean": n_committed / n_batches if n_batches else float("nan"),
+            "commit_ms_mean": (commit["sum"] - hist_base["commit"]["sum"])
+            / max(1.0, commit["count"] - hist_base["commit"]["count"])
+            * 1e3,
+            "commit_busy_pct": 100 * (commit["sum"] - hist_base["commit"]["sum"]) / commit_wall_s,
+            "publish_messages": n_messages,
+            "events_per_message": n_committed / n_messages if n_messages else float("nan"),
+            "publish_lag_p50_ms": publish_lag["p50"] * 1e3,
+            "publish_lag_p99_ms": publish_lag["p99"] * 1e3,
+            "publish_dropped": _sample(m, "runlog_publish_dropped_total"),
+            "cpu_s_until_committed": commit_cpu,
+            "cpu_s": timer.cpu_s,
+            "client_cpu_us_per_event": timer.us_per(n_events, "client"),
+            "pg_cpu_us_per_event": timer.us_per(n_events, "postgres"),
+            "nats_cpu_us_per_event": timer.us_per(n_events, "nats"),
+            "client_cpu_pct": 100 * timer.cpu_s["client"] / timer.wall_s,
+            "profiled": profiler is not None,
+        }
+    finally:
+        await b.close()
+
+
+def _sample(m: BrokerMetrics, name: str) -> float:
+    value = m.registry.get_sample_value(name)
+    return float("nan") if value is None else value
+
+
+async def _stream_tokens(
+    w: RunWriter, k: int, n: int, burst: int, sample_every: int, latencies: list[float]
+) -> None:
+    """One run's model stream: `n` token deltas, yielding every `burst` tokens."""
+    loop = asyncio.get_running_loop()
+    message_id = f"m_{k:04d}"
+    for i in range(n):
+        t0 = time.perf_counter()
+        seq = await w.append(events.TextDelta(message_id=message_id, delta=TOKENS[i % len(TOKENS)]))
+        if (i + k) % sample_every == 0:
+            _watch_commit(loop, w, seq, t0, latencies)
+        if (i + 1) % burst == 0:
+            # A real stream awaits the provider's socket between tokens; without
+            # this, one run would append all its events before any other ran.
+            await asyncio.sleep(0)
+    await w.flush()
+
+
+def _watch_commit(
+    loop: asyncio.AbstractEventLoop, w: RunWriter, seq: int, t0: float, out: list[float]
+) -> None:
+    """Record when `seq` is committed, as a `flush()` awaiting it would see it.
+
+    `flush()` waits for the writer's *latest* seq, so calling it for a sample
+    would block the stream or overstate the delay; instead we register the
+    same kind of waiter flush registers (a private detail of broker/log.py; if
+    it changes, the samples are simply missing and the figure reads n/a).
+    """
+    waiters = getattr(w, "_waiters", None)
+    if not isinstance(waiters, list):
+        return
+    fut: asyncio.Future[int] = loop.create_future()
+
+    def done(f: asyncio.Future[int]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            out.append(time.perf_counter() - t0)
+
+    fut.add_done_callback(done)
+    waiters.append((seq, fut))
+
+
+async def _wait_published(b: Broker, timeout_s: float = 120.0) -> None:
+    """Until JetStream acked every live-feed message of what was committed.
+
+    The appender pops a message off its backlog only after its ack, so an
+    empty backlog after the last commit means everything was published.
+    """
+    q = getattr(b.appender, "_publish_q", None)
+    deadline = time.monotonic() + timeout_s
+    if q is None:  # the appender changed: wait until the counter stops moving
+        last, stable_since = -1.0, time.monotonic()
+        while time.monotonic() < deadline:
+            now_count = _sample(b.metrics, "runlog_publish_messages_total")
+            if now_count != last:
+                last, stable_since = now_count, time.monotonic()
+            elif time.monotonic() - stable_since > 0.2:
+                return
+            await asyncio.sleep(0.001)
+        raise TimeoutError("publishing did not settle")
+    while q:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(q)} live-feed messages still unpublished")
+        await asyncio.sleep(0.001)
+
+
+def _dump_profile(profiler: cProfile.Profile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(str(path))
+    buf = io.StringIO()
+    stats = pstats.Stats(profiler, stream=buf).strip_dirs()
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(30)
+    print(buf.getvalue())
+    print(f"profile written to {path}")
+
+
+# --- raw limits on the same servers ----------------------------------------------
+
+
+async def _raw_pg(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
+    n, batch = args.raw_pg_rows, args.raw_pg_batch
+    sessions = [f"s_bench{j:017d}" for j in range(args.sessions)]
+    runs = [f"r_bench{j:017d}" for j in range(args.runs)]
+    now_ms = int(time.time() * 1000)
+    cursors = [0] * len(sessions)
+    rows: list[tuple[Any, ...]] = []
+    # Interleaved over the runs like a product batch; real event JSON as payload.
+    for k in range(n):
+        r, seq = k % len(runs), k // len(runs) + 1
+        s = r % len(sessions)
+        cursors[s] += 1
+        payload = events.encode(
+            events.TextDelta(
+                message_id=f"m_{r:04d}",
+                delta=TOKENS[seq % len(TOKENS)],
+                run_id=runs[r],
+                session_id=sessions[s],
+                seq=seq,
+                ts=now_ms,
+            )
+        )
+        rows.append((runs[r], seq, sessions[s], cursors[s], now_ms, "text_delta", payload))
+    conn = await asyncpg.connect(st.database_url)
+    try:
+        await conn.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
+        await conn.execute(
+            f'CREATE TABLE {RAW_TABLE} (run_id text COLLATE "C", seq bigint,'
+            ' session_id text COLLATE "C", cursor bigint, ts bigint, type text,'
+            " payload bytea, PRIMARY KEY (run_id, seq))"
+        )
+        await conn.execute(f"CREATE UNIQUE INDEX ON {RAW_TABLE} (session_id, cursor)")
+        timer = Timer(meter)
+        timer.start()
+        for i in range(0, n, batch):
+            # Outside a transaction block each COPY is its own commit.
+            await conn.copy_records_to_table(
+                RAW_TABLE, records=rows[i : i + batch], columns=RAW_COLUMNS
+            )
+        timer.stop()
+    finally:
+        with contextlib.suppress(asyncpg.PostgresError, OSError):
+            await conn.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
+        await conn.close()
+    return {
+        "rows": n,
+        "batch": batch,
+        "rows_s": n / timer.wall_s,
+        "client_cpu_us_per_row": timer.us_per(n, "client"),
+        "pg_cpu_us_per_row": timer.us_per(n, "postgres"),
+    }
+
+
+async def _raw_js(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
+    n, window = args.raw_js_msgs, args.raw_js_inflight
+    payload = b"x" * RAW_MSG_BYTES
+    nc = await nats.connect(st.nats_url, name="runlog-bench-raw")
+    js = nc.jetstream(timeout=30, publish_async_max_pending=max(4000, window))
+    try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream(RAW_STREAM)
+        # File storage and one replica, like the product's live-feed stream.
+        await js.add_stream(
+            name=RAW_STREAM,
+            subjects=[RAW_JS_SUBJECT],
+            storage=api.StorageType.FILE,
+            num_replicas=1,
+        )
+        await js.publish(RAW_JS_SUBJECT, payload)  # warm-up: ack inbox, stream files
+        timer = Timer(meter)
+        timer.start()
+        sent = 0
+        while sent < n:
+            # `window` publishes in flight, then their acks: the product's
+            # publish loop works the same way.
+            futs = [
+                await js.publish_async(RAW_JS_SUBJECT, payload)
+                for _ in range(min(window, n - sent))
+            ]
+            await asyncio.gather(*futs)
+            sent += len(futs)
+        timer.stop()
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await js.delete_stream(RAW_STREAM)
+        await nc.close()
+    return {
+        "msgs": n,
+        "inflight": window,
+        "msgs_s": n / timer.wall_s,
+        "client_cpu_us_per_msg": timer.us_per(n, "client"),
+        "nats_cpu_us_per_msg": timer.us_per(n, "nats"),
+    }
+
+
+async def _raw_core(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
+    n = args.raw_core_msgs
+    payload = b"x" * RAW_MSG_BYTES
+    sub_nc = await nats.connect(st.nats_url, name="runlog-bench-sub")
+    pub_nc = await nats.connect(st.nats_url, name="runlog-bench-pub", pending_size=64 * 1024**2)
+    received = 0
+    all_in = asyncio.Event()
+
+    async def on_msg(_msg: Msg) -> None:
+        nonlocal received
+        received += 1
+        if received >= n:
+            all_in.set()
+
+    try:
+        # Limits past n: this measures throughput, not slow-consumer drops.
+        await sub_nc.subscribe(
+            RAW_CORE_SUBJECT, cb=on_msg, pending_msgs_limit=n + 1, pending_bytes_limit=-1
+        )
+        await sub_nc.flush()
+        timer = Timer(meter)
+        timer.start()
+        for _ in range(n):
+            await pub_nc.publish(RAW_CORE_SUBJECT, payload)
+        await pub_nc.flush()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(60):
+                await all_in.wait()
+        timer.stop()
+    finally:
+        await pub_nc.close()
+        await sub_nc.close()
+    return {
+        "msgs": n,
+        "received": received,
+        "msgs_s": received / timer.wall_s,
+        "client_cpu_us_per_msg": timer.us_per(received, "client"),
+        "nats_cpu_us_per_msg": timer.us_per(received, "nats"),
+    }
+
+
+# --- figures ---------------------------------------------------------------------
+
+# (key in the trial result, label, unit)
+_APPEND_FIGURES = (
+    ("committed_events_s", "committed (first append → all flushed)", "events/s"),
+    ("published_events_s", "published (→ publish backlog empty)", "events/s"),
+    ("latency_p50_ms", "append → flush return, p50 (sampled)", "ms"),
+    ("latency_p99_ms", "append → flush return, p99 (sampled)", "ms"),
+    ("metric_append_latency_p99_ms", "runlog_append_latency p99 (oldest/batch)", "ms"),
+    ("batch_events_mean", "events per transaction, mean", "events"),
+    ("commit_ms_mean", "append transaction, mean", "ms"),
+    ("commit_busy_pct", "time spent in commit transactions", "%"),
+    ("events_per_message", "events per JetStream message", "events"),
+    ("publish_lag_p99_ms", "commit → JetStream ack, p99", "ms"),
+    ("publish_dropped", "live-feed messages dropped", "msgs"),
+    ("client_cpu_us_per_event", "client CPU", "µs/event"),
+    ("client_cpu_pct", "client CPU (of one core)", "%"),
+    ("pg_cpu_us_per_event", "PostgreSQL CPU (all backends)", "µs/event"),
+    ("nats_cpu_us_per_event", "nats-server CPU", "µs/event"),
+)
+_RAW_FIGURES = (
+    ("raw_pg", "rows_s", "COPY 1000-row batches, 1 commit each", "rows/s"),
+    ("raw_pg", "client_cpu_us_per_row", "  client CPU", "µs/row"),
+    ("raw_pg", "pg_cpu_us_per_row", "  PostgreSQL CPU", "µs/row"),
+    ("raw_js", "msgs_s", "JetStream publish_async, 256 in flight", "msgs/s"),
+    ("raw_js", "client_cpu_us_per_msg", "  client CPU", "µs/msg"),
+    ("raw_js", "nats_cpu_us_per_msg", "  nats-server CPU", "µs/msg"),
+    ("raw_core", "msgs_s", "core NATS pub → sub (one process)", "msgs/s"),
+)
+
+
+def _figures(
+    per_trial: list[dict[str, Any]],
+    combos: list[tuple[int, float]],
+    args: argparse.Namespace,
+) -> list[Figure]:
+    figs: list[Figure] = []
+    # A profiled trial is much slower; keep it out of the summary when others exist.
+    trials = [t for t in per_trial if not t["append"][0]["profiled"]] or per_trial
+    head = (
+        f"runlog append: {args.runs} runs x {args.events_per_run} events, {args.sessions} sessions"
+    )
+    for c, (max_events, interval_ms) in enumerate(combos):
+        section = head if len(combos) == 1 else f"{head}; {_combo_name(max_events, interval_ms)}"
+        for key, label, unit in _APPEND_FIGURES:
+            figs.append(summarize(section, label, unit, [t["append"][c][key] for t in trials]))
+        if not args.no_raw:
+            figs.append(
+                summarize(
+                    section,
+                    "committed / raw PostgreSQL COPY",
+                    "ratio",
+                    [t["append"][c]["committed_events_s"] / t["raw_pg"]["rows_s"] for t in trials],
+                )
+            )
+    if not args.no_raw:
+        section = "raw limits, same servers, same run"
+        for phase, key, label, unit in _RAW_FIGURES:
+            figs.append(summarize(section, label, unit, [t[phase][key] for t in per_trial]))
+    return figs
