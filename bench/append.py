@@ -30,6 +30,7 @@ import dataclasses
 import io
 import itertools
 import pstats
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in one network read (default: 1, every token on its own)",
     )
     p.add_argument(
+        "--rate-per-run",
+        type=float,
+        default=0.0,
+        help="pace each run at this many events/s (default: 0, as fast as possible); "
+        "a paced load below saturation shows the latency a watcher sees",
+    )
+    p.add_argument(
         "--sample-every",
         type=int,
         default=50,
@@ -94,6 +102,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_float_list,
         default=[defaults.flush_interval_ms],
         help=f"setting to sweep, comma-separated (default: {defaults.flush_interval_ms})",
+    )
+    p.add_argument(
+        "--max-pending-events",
+        type=_int_list,
+        default=[defaults.max_pending_events],
+        help="setting to sweep, comma-separated: the backlog past which append() waits "
+        f"(default: {defaults.max_pending_events})",
     )
     p.add_argument("--raw-pg-rows", type=int, default=200_000, help="(default: 200000)")
     p.add_argument("--raw-pg-batch", type=int, default=1000, help="(default: 1000)")
@@ -120,18 +135,18 @@ def _float_list(s: str) -> list[float]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    combos = list(itertools.product(args.flush_max_events, args.flush_interval_ms))
+    combos = _combos(args)
     per_trial: list[dict[str, Any]] = []
     async with _lib.stack(args.work_dir) as st:
         versions = await _lib.server_versions(st)
         meter = _lib.CpuMeter(st)
         for trial in range(args.trials):
             t: dict[str, Any] = {"append": []}
-            for max_events, interval_ms in combos:
+            for combo in combos:
                 profile = args.profile if trial == 0 else None
-                r = await _append_trial(st, meter, args, max_events, interval_ms, profile)
+                r = await _append_trial(st, meter, args, combo, profile)
                 t["append"].append(r)
-                _progress(trial, f"append {_combo_name(max_events, interval_ms)}", r)
+                _progress(trial, f"append {_combo_name(combo)}", r)
             if not args.no_raw:
                 t["raw_pg"] = await _raw_pg(st, meter, args)
                 _progress(trial, "raw pg", t["raw_pg"])
@@ -148,8 +163,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _combo_name(max_events: int, interval_ms: float) -> str:
-    return f"flush_max_events={max_events} flush_interval_ms={interval_ms:g}"
+# Settings that can be swept from the command line (a flag each, comma-separated values).
+SWEPT_SETTINGS = ("flush_max_events", "flush_interval_ms", "max_pending_events")
+
+
+def _combos(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every combination of the swept settings' values."""
+    values = [getattr(args, name) for name in SWEPT_SETTINGS]
+    return [dict(zip(SWEPT_SETTINGS, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def _combo_name(combo: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in combo.items())
 
 
 def _progress(trial: int, what: str, r: dict[str, Any]) -> None:
@@ -164,16 +189,11 @@ async def _append_trial(
     st: Stack,
     meter: _lib.CpuMeter,
     args: argparse.Namespace,
-    flush_max_events: int,
-    flush_interval_ms: float,
+    combo: dict[str, Any],
     profile_path: Path | None,
 ) -> dict[str, Any]:
     settings = dataclasses.replace(
-        Settings.from_env({}),
-        nats_url=st.nats_url,
-        database_url=st.database_url,
-        flush_max_events=flush_max_events,
-        flush_interval_ms=flush_interval_ms,
+        Settings.from_env({}), nats_url=st.nats_url, database_url=st.database_url, **combo
     )
     b = await Broker.connect(settings, registry=CollectorRegistry(), name="runlog-bench")
     try:
@@ -201,19 +221,15 @@ async def _append_trial(
             "batch": _lib.histogram_stats(m.batch_events),
         }
 
-        latencies: list[float] = []
+        feed = _Feed(args.events_per_run, args.burst, args.sample_every, args.rate_per_run)
         n_events = args.runs * args.events_per_run
         profiler = cProfile.Profile() if profile_path is not None else None
         timer = Timer(meter)
         timer.start()
+        feed.t0 = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        await asyncio.gather(
-            *(
-                _stream_tokens(w, k, args.events_per_run, args.burst, args.sample_every, latencies)
-                for k, w in enumerate(writers)
-            )
-        )
+        await asyncio.gather(*(_stream_tokens(w, k, feed) for k, w in enumerate(writers)))
         commit_wall_s, commit_cpu = timer.lap()
         await _wait_published(b)
         if profiler is not None:
@@ -227,7 +243,8 @@ async def _append_trial(
         n_batches = batch["count"] - base["batches"]
         n_committed = batch["sum"] - base["events"]
         n_messages = _sample(m, "runlog_publish_messages_total") - base["messages"]
-        latencies.sort()
+        latencies = sorted(feed.latencies)
+        appended_s = max(feed.appended_at) - feed.t0
         publish_lag = _lib.histogram_stats(m.publish_lag_seconds)
         append_hist = _lib.histogram_stats(m.append_latency_seconds)
         sample_payload = events.encode(
@@ -241,13 +258,14 @@ async def _append_trial(
             )
         )
         return {
-            "flush_max_events": flush_max_events,
-            "flush_interval_ms": flush_interval_ms,
+            "settings": combo,
             "events": n_events,
             "events_committed": n_committed,
             "event_bytes_mean": len(sample_payload),
             "committed_s": commit_wall_s,
             "published_s": timer.wall_s,
+            "appended_s": appended_s,
+            "appended_events_s": n_events / appended_s,
             "committed_events_s": n_events / commit_wall_s,
             "published_events_s": n_events / timer.wall_s,
             "latency_samples": len(latencies),
@@ -285,21 +303,40 @@ def _sample(m: BrokerMetrics, name: str) -> float:
     return float("nan") if value is None else value
 
 
-async def _stream_tokens(
-    w: RunWriter, k: int, n: int, burst: int, sample_every: int, latencies: list[float]
-) -> None:
-    """One run's model stream: `n` token deltas, yielding every `burst` tokens."""
+@dataclasses.dataclass
+class _Feed:
+    """How the simulated model streams produce tokens, and what they record."""
+
+    events_per_run: int
+    burst: int
+    sample_every: int
+    rate_per_run: float  # events/s per run; 0: as fast as the appender takes them
+    t0: float = 0.0  # perf_counter at the start of the measured phase
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    appended_at: list[float] = dataclasses.field(default_factory=list)
+
+
+async def _stream_tokens(w: RunWriter, k: int, feed: _Feed) -> None:
+    """One run's model stream: token deltas, yielding every `burst` tokens."""
     loop = asyncio.get_running_loop()
     message_id = f"m_{k:04d}"
-    for i in range(n):
+    period = feed.burst / feed.rate_per_run if feed.rate_per_run > 0 else 0.0
+    # Paced runs start spread over one period, as independent streams would.
+    due = feed.t0 + period * random.random()
+    for i in range(feed.events_per_run):
         t0 = time.perf_counter()
         seq = await w.append(events.TextDelta(message_id=message_id, delta=TOKENS[i % len(TOKENS)]))
-        if (i + k) % sample_every == 0:
-            _watch_commit(loop, w, seq, t0, latencies)
-        if (i + 1) % burst == 0:
+        if (i + k) % feed.sample_every == 0:
+            _watch_commit(loop, w, seq, t0, feed.latencies)
+        if (i + 1) % feed.burst == 0:
             # A real stream awaits the provider's socket between tokens; without
             # this, one run would append all its events before any other ran.
-            await asyncio.sleep(0)
+            if period:
+                due += period
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            else:
+                await asyncio.sleep(0)
+    feed.appended_at.append(time.perf_counter())
     await w.flush()
 
 
@@ -504,6 +541,7 @@ async def _raw_core(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -
 
 # (key in the trial result, label, unit)
 _APPEND_FIGURES = (
+    ("appended_events_s", "appended (first append → last append returned)", "events/s"),
     ("committed_events_s", "committed (first append → all flushed)", "events/s"),
     ("published_events_s", "published (→ publish backlog empty)", "events/s"),
     ("latency_p50_ms", "append → flush return, p50 (sampled)", "ms"),
@@ -533,7 +571,7 @@ _RAW_FIGURES = (
 
 def _figures(
     per_trial: list[dict[str, Any]],
-    combos: list[tuple[int, float]],
+    combos: list[dict[str, Any]],
     args: argparse.Namespace,
 ) -> list[Figure]:
     figs: list[Figure] = []
@@ -542,8 +580,8 @@ def _figures(
     head = (
         f"runlog append: {args.runs} runs x {args.events_per_run} events, {args.sessions} sessions"
     )
-    for c, (max_events, interval_ms) in enumerate(combos):
-        section = head if len(combos) == 1 else f"{head}; {_combo_name(max_events, interval_ms)}"
+    for c, combo in enumerate(combos):
+        section = head if len(combos) == 1 else f"{head}; {_combo_name(combo)}"
         for key, label, unit in _APPEND_FIGURES:
             figs.append(summarize(section, label, unit, [t["append"][c][key] for t in trials]))
         if not args.no_raw:

@@ -27,7 +27,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from . import constants as C
-from . import errors
+from . import control, errors
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,20 @@ class Bus:
         """Send one live-feed message; the returned future resolves on the ack."""
         return await self.js.publish_async(
             subject, data, headers={C.MSG_ID_HEADER: msg_id}, wait_stall=5.0
+        )
+
+    async def enqueue_job(self, job: control.RunJob) -> None:
+        await self.js.publish(
+            C.JOBS_SUBJECT, control.encode(job), headers={C.MSG_ID_HEADER: f"job:{job.run_id}"}
+        )
+
+    async def publish_control(self, msg: control.Interrupt | control.Decision) -> None:
+        if isinstance(msg, control.Decision):
+            msg_id = f"decision:{msg.approval_id}"
+        else:
+            msg_id = f"interrupt:{msg.run_id}"
+        await self.js.publish(
+            C.control_subject(msg.run_id), control.encode(msg), headers={C.MSG_ID_HEADER: msg_id}
         )
 
     async def subscribe_live(

@@ -15,10 +15,13 @@ class RunlogError(Exception):
     retryable = False
     http_status = 500
 
-    def __init__(self, detail: str = "", *, hint: str = "") -> None:
+    def __init__(
+        self, detail: str = "", *, hint: str = "", extra: dict[str, object] | None = None
+    ) -> None:
         super().__init__(detail or self.code)
         self.detail = detail or self.code
         self.hint = hint
+        self.extra = extra or {}
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -28,6 +31,7 @@ class RunlogError(Exception):
         }
         if self.hint:
             out["hint"] = self.hint
+        out.update(self.extra)
         return out
 
 
@@ -78,6 +82,49 @@ class RunEnded(Conflict):
     """An append to a run that already has `run_end`."""
 
     code = "run_ended"
+
+
+class ApprovalNotFound(NotFound):
+    code = "approval_not_found"
+
+
+class ApprovalConflict(Conflict):
+    """A different decision was already stored; `stored` carries it."""
+
+    code = "approval_conflict"
+
+
+class ApprovalExpired(ClientError):
+    code = "approval_expired"
+    http_status = 410
+
+
+class RunBusy(Conflict):
+    """The session already has a running run and its policy is 'reject'."""
+
+    code = "run_busy"
+
+
+class Unauthorized(ClientError):
+    """No valid credentials: re-authenticate."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class TokenExpired(Unauthorized):
+    code = "token_expired"
+
+
+class Forbidden(ClientError):
+    """Authenticated, but the role does not allow this."""
+
+    code = "forbidden"
+    http_status = 403
+
+
+class NotAMember(Forbidden):
+    code = "not_a_member"
 
 
 class StaleEpoch(Conflict):

@@ -94,6 +94,12 @@ class BrokerMetrics:
             ["reason"],
             registry=registry,
         )
+        self.control_send_failures = Counter(
+            "runlog_control_send_failures_total",
+            "Jobs, interrupts or decisions stored in PostgreSQL whose JetStream send failed "
+            "(workers reconcile from PostgreSQL).",
+            registry=registry,
+        )
         for kind in FLUSH_ERROR_KINDS:
             self.flush_errors.labels(kind)
         for reason in GAP_FILL_REASONS:

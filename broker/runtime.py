@@ -7,14 +7,23 @@ publishes what is pending, then disconnects.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Awaitable
+
+import nats.errors
 from prometheus_client import CollectorRegistry
 
+from . import approvals, control
+from .approvals import ApprovalInfo
 from .bus import Bus
 from .log import Appender, RunWriter
 from .metrics import BrokerMetrics
 from .settings import Settings
 from .store import Ownership, Store
 from .subscribe import Subscription
+
+log = logging.getLogger(__name__)
 
 
 class Broker:
@@ -76,3 +85,77 @@ class Broker:
             after=after,
         )
         return await sub.start()
+
+    # -- commands (used by gateways; recorded in PostgreSQL first, then sent)
+
+    async def start_run(
+        self, session_id: str, started_by: str, *, input: str = "", model: str = ""
+    ) -> str:
+        """Create a run (applying the session's run policy) and enqueue it for
+        workers. Returns its id at once; `run_start` will be its first event."""
+        run_id, active = await self.store.create_run_checked(
+            session_id, started_by, input=input, model=model
+        )
+        if active and await self.store.session_run_policy(session_id) == "interrupt":
+            for other in active:
+                await self.interrupt(other, started_by, "superseded by a new run")
+        await self._send(
+            self.bus.enqueue_job(
+                control.RunJob(run_id=run_id, session_id=session_id, requested_at=_now_ms())
+            )
+        )
+        return run_id
+
+    async def interrupt(self, run_id: str, requested_by: str, reason: str = "") -> bool:
+        """Record a stop request and send it to the run's owner. Returns whether
+        this was the first request (a repeat changes nothing)."""
+        first = await self.store.request_interrupt(run_id, requested_by, reason)
+        await self._send(
+            self.bus.publish_control(
+                control.Interrupt(
+                    run_id=run_id, requested_by=requested_by, reason=reason,
+                    requested_at=_now_ms(),
+                )
+            )
+        )  # fmt: skip
+        return first
+
+    async def decide(
+        self, approval_id: str, decision: str, decided_by: str, comment: str = ""
+    ) -> tuple[ApprovalInfo, bool]:
+        """Store a decision (first one wins), then send it to the run's owner."""
+        info, created = await approvals.decide(
+            self.store.pool, approval_id, decision, decided_by, comment
+        )
+        if created:
+            await self.store.audit(
+                decided_by, f"approval_{decision}", session_id=info.session_id,
+                run_id=info.run_id, detail={"approval_id": approval_id, "comment": comment},
+            )  # fmt: skip
+        if info.decision in ("approve", "reject"):
+            # Sent again on a repeat too: harmless (deduplicated), and it helps
+            # if the first send was lost.
+            await self._send(
+                self.bus.publish_control(
+                    control.Decision(
+                        run_id=info.run_id, approval_id=approval_id,
+                        decision=info.decision,  # type: ignore[arg-type]
+                        decided_by=info.decided_by or decided_by, comment=info.comment,
+                        decided_at=info.decided_at_ms or _now_ms(),
+                    )
+                )
+            )  # fmt: skip
+        return info, created
+
+    async def _send(self, publish: Awaitable[None]) -> None:
+        """Send a message whose fact is already in PostgreSQL. A failure is logged,
+        not raised: workers also find the fact in PostgreSQL (reconciliation)."""
+        try:
+            await publish
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            self.metrics.control_send_failures.inc()
+            log.warning("control message not sent (PostgreSQL has it): %s", e)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

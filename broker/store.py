@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
 import asyncpg
+import msgspec
 
 from . import errors, ids
 from .settings import Settings
@@ -156,9 +157,39 @@ class Store:
     async def create_run(
         self, session_id: str, started_by: str, *, model: str = "", input: str = ""
     ) -> str:
+        run_id, _ = await self.create_run_checked(session_id, started_by, model=model, input=input)
+        return run_id
+
+    async def create_run_checked(
+        self, session_id: str, started_by: str, *, model: str = "", input: str = ""
+    ) -> tuple[str, list[str]]:
+        """Create a queued run, applying the session's run policy atomically.
+        Returns (run_id, the session's runs that were still active before it);
+        raises RunBusy if the policy is 'reject' and one is active."""
         run_id = ids.run_id()
-        try:
-            await self.pool.execute(
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The session row's lock serializes run creation within the session,
+            # so two concurrent starts cannot both see "nothing running".
+            policy = await conn.fetchval(
+                "SELECT run_policy FROM sessions WHERE session_id = $1 FOR UPDATE", session_id
+            )
+            if policy is None:
+                raise errors.SessionNotFound(f"no session {session_id}")
+            active = [
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT run_id FROM runs WHERE session_id = $1 AND ended_at IS NULL"
+                    " ORDER BY created_at",
+                    session_id,
+                )
+            ]
+            if active and policy == "reject":
+                raise errors.RunBusy(
+                    f"session {session_id} has a run in progress",
+                    hint="wait for it to end, stop it, or change the session's run_policy",
+                    extra={"active_runs": active},
+                )
+            await conn.execute(
                 "INSERT INTO runs (run_id, session_id, started_by, model, input) "
                 "VALUES ($1, $2, $3, $4, $5)",
                 run_id,
@@ -167,9 +198,7 @@ class Store:
                 model,
                 input,
             )
-        except asyncpg.ForeignKeyViolationError as e:
-            raise errors.SessionNotFound(f"no session {session_id}") from e
-        return run_id
+        return run_id, active
 
     async def get_run(self, run_id: str) -> RunInfo:
         row = await self.pool.fetchrow(
@@ -182,6 +211,189 @@ class Store:
         if row is None:
             raise errors.RunNotFound(f"no run {run_id}")
         return RunInfo(*row)
+
+    async def claim_queued(self, run_id: str, owner_id: str, lease_s: float) -> Ownership | None:
+        """Take a run that no worker has started yet; None if it was taken already
+        (a job delivered twice) or has ended."""
+        row = await self.pool.fetchrow(
+            "UPDATE runs SET owner_id = $2, owner_epoch = owner_epoch + 1,"
+            " lease_until = now() + make_interval(secs => $3), status = 'running'"
+            " WHERE run_id = $1 AND status = 'queued' AND ended_at IS NULL"
+            " RETURNING run_id, session_id, owner_epoch, last_seq",
+            run_id,
+            owner_id,
+            lease_s,
+        )
+        return Ownership(*row) if row is not None else None
+
+    async def claim_expired(self, run_id: str, owner_id: str, lease_s: float) -> Ownership | None:
+        """Take over a started run whose owner's lease ran out (fencing the old
+        owner); None if the lease was renewed or another worker took it first."""
+        row = await self.pool.fetchrow(
+            "UPDATE runs SET owner_id = $2, owner_epoch = owner_epoch + 1,"
+            " lease_until = now() + make_interval(secs => $3)"
+            " WHERE run_id = $1 AND status <> 'queued' AND ended_at IS NULL"
+            " AND lease_until < now()"
+            " RETURNING run_id, session_id, owner_epoch, last_seq",
+            run_id,
+            owner_id,
+            lease_s,
+        )
+        return Ownership(*row) if row is not None else None
+
+    async def renew_lease(self, run_id: str, epoch: int, lease_s: float) -> bool:
+        """Extend the owner's lease; False means ownership is lost (stop writing)."""
+        done = await self.pool.fetchval(
+            "UPDATE runs SET lease_until = now() + make_interval(secs => $3)"
+            " WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL RETURNING 1",
+            run_id,
+            epoch,
+            lease_s,
+        )
+        return bool(done)
+
+    async def release(self, run_id: str, epoch: int) -> None:
+        """Give a run up at once (drain): its lease ends now, so another worker
+        can take it over without waiting."""
+        await self.pool.execute(
+            "UPDATE runs SET lease_until = now() - interval '1 second'"
+            " WHERE run_id = $1 AND owner_epoch = $2",
+            run_id,
+            epoch,
+        )
+
+    async def save_checkpoint(
+        self, run_id: str, epoch: int, checkpoint: bytes | None, status: str
+    ) -> bool:
+        """Store the agent's state and status under the owner's epoch (fenced)."""
+        done = await self.pool.fetchval(
+            "UPDATE runs SET checkpoint = $3, status = $4"
+            " WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL RETURNING 1",
+            run_id,
+            epoch,
+            checkpoint,
+            status,
+        )
+        return bool(done)
+
+    async def load_checkpoint(self, run_id: str) -> bytes | None:
+        value: bytes | None = await self.pool.fetchval(
+            "SELECT checkpoint FROM runs WHERE run_id = $1", run_id
+        )
+        return value
+
+    async def expired_runs(self, limit: int = 100) -> list[str]:
+        """Started, unended runs whose owner's lease ran out."""
+        rows = await self.pool.fetch(
+            "SELECT run_id FROM runs WHERE ended_at IS NULL AND status <> 'queued'"
+            " AND lease_until < now() ORDER BY lease_until LIMIT $1",
+            limit,
+        )
+        return [r[0] for r in rows]
+
+    async def stale_queued_runs(
+        self, older_than_s: float, limit: int = 100
+    ) -> list[tuple[str, str]]:
+        """Queued runs no worker has taken for a while: (run_id, session_id)."""
+        rows = await self.pool.fetch(
+            "SELECT run_id, session_id FROM runs WHERE status = 'queued' AND ended_at IS NULL"
+            " AND created_at < now() - make_interval(secs => $1) ORDER BY created_at LIMIT $2",
+            older_than_s,
+            limit,
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    async def earlier_active_runs(self, session_id: str, run_id: str) -> list[str]:
+        """Unended runs of the session created before `run_id` (for 'enqueue')."""
+        rows = await self.pool.fetch(
+            "SELECT r.run_id FROM runs r, runs me WHERE me.run_id = $2"
+            " AND r.session_id = $1 AND r.ended_at IS NULL AND r.run_id <> me.run_id"
+            " AND (r.created_at, r.run_id) < (me.created_at, me.run_id)",
+            session_id,
+            run_id,
+        )
+        return [r[0] for r in rows]
+
+    async def active_runs(self, session_id: str) -> list[str]:
+        rows = await self.pool.fetch(
+            "SELECT run_id FROM runs WHERE session_id = $1 AND ended_at IS NULL"
+            " ORDER BY created_at",
+            session_id,
+        )
+        return [r[0] for r in rows]
+
+    async def session_run_policy(self, session_id: str) -> str:
+        value = await self.pool.fetchval(
+            "SELECT run_policy FROM sessions WHERE session_id = $1", session_id
+        )
+        if value is None:
+            raise errors.SessionNotFound(f"no session {session_id}")
+        return str(value)
+
+    async def set_run_policy(self, session_id: str, policy: str) -> None:
+        if policy not in ("reject", "enqueue", "interrupt"):
+            raise errors.ClientError("run_policy must be reject, enqueue or interrupt")
+        await self.pool.execute(
+            "UPDATE sessions SET run_policy = $2 WHERE session_id = $1", session_id, policy
+        )
+
+    async def request_interrupt(self, run_id: str, requested_by: str, reason: str) -> bool:
+        """Record a stop request on the run (the first one is kept) and audit every
+        request. Returns whether this call was the first; RunEnded if it ended."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT session_id, interrupt_requested_by, ended_at IS NOT NULL"
+                " FROM runs WHERE run_id = $1 FOR UPDATE",
+                run_id,
+            )
+            if row is None:
+                raise errors.RunNotFound(f"no run {run_id}")
+            session_id, already_by, ended = row
+            if ended:
+                raise errors.RunEnded(f"run {run_id} has already ended")
+            if already_by is None:
+                await conn.execute(
+                    "UPDATE runs SET interrupt_requested_by = $2,"
+                    " interrupt_requested_at = now(), interrupt_reason = $3 WHERE run_id = $1",
+                    run_id,
+                    requested_by,
+                    reason,
+                )
+            await self.audit(
+                requested_by, "interrupt", session_id=session_id, run_id=run_id,
+                detail={"reason": reason, "first": already_by is None}, conn=conn,
+            )  # fmt: skip
+            return already_by is None
+
+    async def interrupt_request(self, run_id: str) -> tuple[str, int, str] | None:
+        """(requested_by, requested_at ms, reason) if a stop was requested."""
+        row = await self.pool.fetchrow(
+            "SELECT interrupt_requested_by,"
+            " (extract(epoch FROM interrupt_requested_at) * 1000)::bigint, interrupt_reason"
+            " FROM runs WHERE run_id = $1 AND interrupt_requested_by IS NOT NULL",
+            run_id,
+        )
+        return (row[0], row[1], row[2]) if row is not None else None
+
+    async def audit(
+        self,
+        actor: str,
+        action: str,
+        *,
+        session_id: str | None = None,
+        run_id: str | None = None,
+        detail: dict[str, object] | None = None,
+        conn: asyncpg.Connection | None = None,
+    ) -> None:
+        sql = (
+            "INSERT INTO audit (actor, action, session_id, run_id, detail)"
+            " VALUES ($1, $2, $3, $4, $5::jsonb)"
+        )
+        args = (actor, action, session_id, run_id, msgspec.json.encode(detail or {}).decode())
+        if conn is not None:
+            await conn.execute(sql, *args)
+        else:
+            await self.pool.execute(sql, *args)
 
     async def claim_run(self, run_id: str, owner_id: str, lease_s: float) -> Ownership:
         """Take ownership of a run: bump its epoch, which fences every earlier

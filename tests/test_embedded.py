@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,6 +34,16 @@ async def eventually(probe: Callable[[], Awaitable[T]], timeout_s: float = 15.0)
                 await asyncio.sleep(0.1)
 
 
+@pytest.fixture
+def data_root() -> Iterator[Path]:
+    """A scratch folder outside pytest's tmp root. Every pytest session, a
+    concurrent one included, resets that root to 0700 and prunes older runs,
+    which would cut the unprivileged postgres user off from its files mid-test."""
+    path = Path(tempfile.mkdtemp(prefix="runlog-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 # Tiny synchronous file checks, kept out of the async tests' bodies.
 def read_lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
@@ -41,8 +53,8 @@ def exists(path: Path) -> bool:
     return path.exists()
 
 
-async def test_nats_message_survives_kill_and_client_reconnects(tmp_path: Path) -> None:
-    async with NatsProcess(tmp_path / "nats") as server:
+async def test_nats_message_survives_kill_and_client_reconnects(data_root: Path) -> None:
+    async with NatsProcess(data_root / "nats") as server:
         assert server.url == f"nats://127.0.0.1:{server.port}"
         nc = await nats.connect(
             server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, connect_timeout=2
@@ -81,8 +93,8 @@ async def test_nats_message_survives_kill_and_client_reconnects(tmp_path: Path) 
     assert not server.running
 
 
-async def test_postgres_row_survives_kill(tmp_path: Path) -> None:
-    async with PostgresProcess(tmp_path / "pg", fast_init=True) as pg:
+async def test_postgres_row_survives_kill(data_root: Path) -> None:
+    async with PostgresProcess(data_root / "pg", fast_init=True) as pg:
         assert pg.url == f"postgresql://postgres@127.0.0.1:{pg.port}/runlog"
         pool = await asyncpg.create_pool(pg.url, min_size=1, max_size=2)
         try:
@@ -111,9 +123,9 @@ async def test_postgres_row_survives_kill(tmp_path: Path) -> None:
             await conn.close()
 
 
-async def test_postgres_restart_without_wait(tmp_path: Path) -> None:
+async def test_postgres_restart_without_wait(data_root: Path) -> None:
     """restart() straight after kill() waits for the old instance itself."""
-    async with PostgresProcess(tmp_path / "pg", fast_init=True) as pg:
+    async with PostgresProcess(data_root / "pg", fast_init=True) as pg:
         pg.kill()
         await pg.restart()
         conn = await asyncpg.connect(pg.url)
@@ -123,8 +135,8 @@ async def test_postgres_restart_without_wait(tmp_path: Path) -> None:
             await conn.close()
 
 
-async def test_postgres_long_data_dir_uses_short_socket_dir(tmp_path: Path) -> None:
-    deep = tmp_path / ("x" * 60) / ("y" * 60)
+async def test_postgres_long_data_dir_uses_short_socket_dir(data_root: Path) -> None:
+    deep = data_root / ("x" * 60) / ("y" * 60)
     async with PostgresProcess(deep, fast_init=True) as pg:
         # Line 5 of postmaster.pid is the socket folder the server really uses.
         socket_dir = Path(read_lines(Path(pg.data_dir) / "postmaster.pid")[4])
@@ -133,21 +145,21 @@ async def test_postgres_long_data_dir_uses_short_socket_dir(tmp_path: Path) -> N
     assert not exists(socket_dir), "stop() removes the socket folder"
 
 
-async def test_nats_config_options(tmp_path: Path) -> None:
-    server = NatsProcess(tmp_path, port=4999, sync_always=True)
+async def test_nats_config_options(data_root: Path) -> None:
+    server = NatsProcess(data_root, port=4999, sync_always=True)
     server._http_port = 8999  # config_text() needs the ports start() would pick
     text = server.config_text()
     assert 'listen: "127.0.0.1:4999"' in text
     assert "sync_interval: always" in text
-    assert f'store_dir: "{tmp_path}/js"' in text
-    assert "sync_interval" not in NatsProcess(tmp_path, port=4999).config_text()
+    assert f'store_dir: "{data_root}/js"' in text
+    assert "sync_interval" not in NatsProcess(data_root, port=4999).config_text()
 
 
-async def test_nats_three_node_cluster_replicates(tmp_path: Path) -> None:
+async def test_nats_three_node_cluster_replicates(data_root: Path) -> None:
     route_ports = [free_port() for _ in range(3)]
     servers = [
         NatsProcess(
-            tmp_path / f"n{i}",
+            data_root / f"n{i}",
             cluster=ClusterSpec("c", port, [p for p in route_ports if p != port]),
         )
         for i, port in enumerate(route_ports)
@@ -172,10 +184,10 @@ async def test_nats_three_node_cluster_replicates(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs postgres as another user")
-async def test_postgres_as_root_runs_as_system_user(tmp_path: Path) -> None:
+async def test_postgres_as_root_runs_as_system_user(data_root: Path) -> None:
     import pwd
 
-    async with PostgresProcess(tmp_path / "pg", fast_init=True) as pg:
+    async with PostgresProcess(data_root / "pg", fast_init=True) as pg:
         owner = pwd.getpwuid((Path(pg.data_dir) / "PG_VERSION").stat().st_uid).pw_name
         assert owner == "runlog-pg"
         status = read_lines(Path(f"/proc/{pg.pid}/status"))

@@ -1,0 +1,60 @@
+"""Messages that cross processes besides events: run jobs and control.
+
+Every one is recorded in PostgreSQL before it is sent (the run row, the
+interrupt columns, the approval decision), so JetStream only has to make it
+fast: a worker that missed a message finds the same fact in PostgreSQL when
+it takes or resumes the run.
+
+Subjects: jobs on `runlog.job.run` (JOBS stream, a work queue); control on
+`runlog.ctl.<run_id>` (CONTROL stream), so the owner of a run can follow
+just that run's control messages, from the start of the stream.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .events import Decision as DecisionValue
+
+
+class RunJob(msgspec.Struct, kw_only=True):
+    """Ask a worker to execute a run that is `queued` in PostgreSQL."""
+
+    run_id: str
+    session_id: str
+    requested_at: int  # ms since the epoch
+
+
+class Interrupt(msgspec.Struct, kw_only=True, tag="interrupt", tag_field="kind"):
+    run_id: str
+    requested_by: str
+    reason: str = ""
+    requested_at: int = 0  # ms since the epoch
+
+
+class Decision(msgspec.Struct, kw_only=True, tag="decision", tag_field="kind"):
+    run_id: str
+    approval_id: str
+    decision: DecisionValue
+    decided_by: str
+    comment: str = ""
+    decided_at: int = 0  # ms since the epoch
+
+
+ControlMessage = Interrupt | Decision
+
+_encoder = msgspec.json.Encoder()
+_job_decoder = msgspec.json.Decoder(RunJob)
+_control_decoder = msgspec.json.Decoder(ControlMessage)
+
+
+def encode(msg: RunJob | Interrupt | Decision) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_job(data: bytes) -> RunJob:
+    return _job_decoder.decode(data)
+
+
+def decode_control(data: bytes) -> ControlMessage:
+    return _control_decoder.decode(data)
