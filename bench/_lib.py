@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,36 +68,64 @@ class Stack:
     pg_pid: int | None
 
 
+class _LauncherLoop:
+    """A stdlib asyncio loop on its own thread, owning the server processes.
+
+    The launcher's process handles belong to the loop that spawned them, and
+    uvloop's subprocess_exec lacks the user/group arguments the launcher passes
+    when run as root (PostgreSQL then runs as an unprivileged user). Spawning and
+    stopping on this loop lets the scenario run on either loop. It only waits
+    on the servers' exit, so it costs no CPU while a benchmark runs.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="bench-launcher", daemon=True
+        )
+        self._thread.start()
+
+    async def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
 @contextlib.asynccontextmanager
 async def stack(work_dir: Path | None = None) -> AsyncIterator[Stack]:
     """Start (or reuse) NATS and PostgreSQL, migrate, yield; stop what we started."""
     nats_url = os.environ.get("RUNLOG_NATS_URL", "")
     database_url = os.environ.get("RUNLOG_DATABASE_URL", "")
     started: list[NatsProcess | PostgresProcess] = []
-    with contextlib.ExitStack() as files:
+    with contextlib.ExitStack() as resources:
         if work_dir is None:
-            tmp = files.enter_context(tempfile.TemporaryDirectory(prefix="runlog-bench-"))
+            tmp = resources.enter_context(tempfile.TemporaryDirectory(prefix="runlog-bench-"))
             work_dir = Path(tmp)
             # When run as root, the launcher runs PostgreSQL as an unprivileged
             # user, which must be able to reach its data folder inside ours.
             os.chmod(work_dir, 0o755)
+        launcher = _LauncherLoop()
+        resources.callback(launcher.close)
         nats_pid = pg_pid = None
         try:
             if not nats_url:
                 nats = NatsProcess(work_dir / "nats", port=0)
-                await nats.start()
                 started.append(nats)
+                await launcher.call(nats.start())
                 nats_url, nats_pid = nats.url, nats.pid
             if not database_url:
                 pg = PostgresProcess(work_dir / "pg", port=0, fast_init=True)
-                await pg.start()
                 started.append(pg)
+                await launcher.call(pg.start())
                 database_url, pg_pid = pg.url, pg.pid
             await migrate.apply(database_url)
             yield Stack(nats_url, database_url, nats_pid, pg_pid)
         finally:
             for p in reversed(started):
-                await p.stop()
+                await launcher.call(p.stop())
 
 
 async def server_versions(st: Stack) -> dict[str, str]:
@@ -151,12 +180,26 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _host_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores; not idle, not iowait)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0)
+
+
+def _host_steal_s() -> float:
+    return getattr(psutil.cpu_times(), "steal", 0.0)
+
+
 class CpuMeter:
-    """CPU seconds of this process ("client") and of the servers we started."""
+    """CPU seconds of this process ("client"), of the servers we started, and of
+    the whole host ("host", "steal"), so that load from other processes on a
+    shared machine shows up next to the figures it disturbs."""
 
     def __init__(self, st: Stack) -> None:
         self._readers: dict[str, Callable[[], float]] = {
-            "client": lambda: _cpu_s(psutil.Process(), with_children=False)
+            "client": lambda: _cpu_s(psutil.Process(), with_children=False),
+            "host": _host_busy_s,
+            "steal": _host_steal_s,
         }
         if st.pg_pid is not None:
             pg_pid = st.pg_pid
@@ -346,6 +389,11 @@ class Timer:
 
     def stop(self) -> None:
         self.wall_s, self.cpu_s = self.lap()
+
+    def others_cores(self) -> float:
+        """Cores' worth of CPU used by processes other than ours during the phase."""
+        ours = sum(v for k, v in self.cpu_s.items() if k not in ("host", "steal"))
+        return (self.cpu_s["host"] - ours) / self.wall_s if self.wall_s else float("nan")
 
     def us_per(self, n: int, who: str) -> float:
         """CPU µs per item of `who`, NaN when not measurable (external server)."""

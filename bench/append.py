@@ -143,7 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for trial in range(args.trials):
             t: dict[str, Any] = {"append": []}
             for combo in combos:
-                profile = args.profile if trial == 0 else None
+                profile = args.profile if trial == 0 and combo is combos[0] else None
                 r = await _append_trial(st, meter, args, combo, profile)
                 t["append"].append(r)
                 _progress(trial, f"append {_combo_name(combo)}", r)
@@ -257,7 +257,7 @@ async def _append_trial(
                 ts=b.appender.now_ms(),
             )
         )
-        return {
+        result = {
             "settings": combo,
             "events": n_events,
             "events_committed": n_committed,
@@ -292,8 +292,17 @@ async def _append_trial(
             "pg_cpu_us_per_event": timer.us_per(n_events, "postgres"),
             "nats_cpu_us_per_event": timer.us_per(n_events, "nats"),
             "client_cpu_pct": 100 * timer.cpu_s["client"] / timer.wall_s,
+            "others_cpu_cores": timer.others_cores(),
+            "steal_cpu_cores": timer.cpu_s["steal"] / timer.wall_s,
             "profiled": profiler is not None,
         }
+        # End the runs (outside the measurement), as finished model streams do:
+        # active runs pile up across trials otherwise, and the append
+        # transaction's UPDATE of `runs` would see more of them every trial.
+        for w in writers:
+            await w.append(events.RunEnd(status="completed"))
+        await asyncio.gather(*(w.flush() for w in writers))
+        return result
     finally:
         await b.close()
 
@@ -451,6 +460,7 @@ async def _raw_pg(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> 
         "rows_s": n / timer.wall_s,
         "client_cpu_us_per_row": timer.us_per(n, "client"),
         "pg_cpu_us_per_row": timer.us_per(n, "postgres"),
+        "others_cpu_cores": timer.others_cores(),
     }
 
 
@@ -493,6 +503,7 @@ async def _raw_js(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> 
         "msgs_s": n / timer.wall_s,
         "client_cpu_us_per_msg": timer.us_per(n, "client"),
         "nats_cpu_us_per_msg": timer.us_per(n, "nats"),
+        "others_cpu_cores": timer.others_cores(),
     }
 
 
@@ -534,6 +545,7 @@ async def _raw_core(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -
         "msgs_s": received / timer.wall_s,
         "client_cpu_us_per_msg": timer.us_per(received, "client"),
         "nats_cpu_us_per_msg": timer.us_per(received, "nats"),
+        "others_cpu_cores": timer.others_cores(),
     }
 
 
@@ -557,6 +569,7 @@ _APPEND_FIGURES = (
     ("client_cpu_pct", "client CPU (of one core)", "%"),
     ("pg_cpu_us_per_event", "PostgreSQL CPU (all backends)", "µs/event"),
     ("nats_cpu_us_per_event", "nats-server CPU", "µs/event"),
+    ("others_cpu_cores", "host CPU outside our processes", "cores"),
 )
 _RAW_FIGURES = (
     ("raw_pg", "rows_s", "COPY 1000-row batches, 1 commit each", "rows/s"),
@@ -597,4 +610,15 @@ def _figures(
         section = "raw limits, same servers, same run"
         for phase, key, label, unit in _RAW_FIGURES:
             figs.append(summarize(section, label, unit, [t[phase][key] for t in per_trial]))
+        figs.append(
+            summarize(
+                section,
+                "host CPU outside our processes",
+                "cores",
+                [
+                    max(t[p]["others_cpu_cores"] for p in ("raw_pg", "raw_js", "raw_core"))
+                    for t in per_trial
+                ],
+            )
+        )
     return figs

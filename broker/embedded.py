@@ -568,8 +568,8 @@ class PostgresProcess(_ServerProcess):
                 return
             if loop.time() > deadline:
                 raise RuntimeError(
-                    f"processes of a killed postgres still hold {self.data_dir} "
-                    f"after {PG_OLD_INSTANCE_TIMEOUT_S:.0f} s"
+                    f"a killed postgres still holds {self.data_dir} (shared memory in use) "
+                    f"or port {self._port} is taken, after {PG_OLD_INSTANCE_TIMEOUT_S:.0f} s"
                 )
             await asyncio.sleep(_POLL_S)
 

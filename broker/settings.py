@@ -84,6 +84,132 @@ class Settings:
     )
     dedupe_window_s: float = _opt(120.0, "JetStream duplicate-detection window (s).")
 
+    # -- gateway
+    gateway_host: str = _opt("127.0.0.1", "Address the gateway listens on.")
+    gateway_port: int = _opt(8080, "Port the gateway listens on (`runlog up`: the first gateway).")
+    public_url: str = _opt(
+        "",
+        "URL clients reach the gateway at (for links and the Origin allow-list); "
+        "empty: http://<gateway_host>:<gateway_port>.",
+    )
+    jwt_secret: str = _opt(
+        "runlog-development-secret-change-me-in-production",
+        "HMAC secret for bearer tokens (HS256). Set it in production: the default is public.",
+    )
+    jwt_issuer: str = _opt("runlog", "Issuer (`iss`) tokens must carry.")
+    token_ttl_s: float = _opt(3600.0, "Lifetime of tokens minted by `runlog token` (s).")
+    allowed_origins: str = _opt(
+        "",
+        "Comma-separated Origins allowed to open WebSockets, besides the gateway's own; "
+        "`*` allows any. Requests without an Origin header (non-browser clients) are allowed.",
+    )
+    sse_heartbeat_s: float = _opt(15.0, "Longest quiet time on an SSE stream before a comment (s).")
+    ws_heartbeat_s: float = _opt(15.0, "WebSocket ping interval; two missed pongs close it (s).")
+    ws_auth_timeout_s: float = _opt(
+        10.0, "How long a WebSocket may stay unauthenticated before it is closed (s)."
+    )
+    max_message_bytes: int = _opt(65536, "Largest client message or request body accepted (bytes).")
+    max_subscriptions: int = _opt(64, "Most subscriptions one WebSocket may hold.")
+    control_rate_per_s: float = _opt(
+        20.0, "Messages per second a WebSocket may send (burst: twice that)."
+    )
+    send_queue_max_bytes: int = _opt(
+        4 * 1024 * 1024,
+        "Per-connection send queue bound (bytes); past it the client is disconnected "
+        "with its resume cursor.",
+    )
+    send_queue_lag_bytes: int = _opt(
+        256 * 1024,
+        "Queue size past which a connection counts as lagging (bytes): deltas are "
+        "coalesced and progress events dropped.",
+    )
+    hub_linger_s: float = _opt(
+        5.0, "How long a gateway keeps following a run or session nobody watches (s)."
+    )
+    gateway_drain_s: float = _opt(
+        10.0, "On SIGTERM, how long a gateway waits for clients to leave before exiting (s)."
+    )
+
+    # -- workers (see docs/workers.md)
+    worker_id: str = _opt("", "This worker's name in run ownership; empty: <host>-<pid>-<random>.")
+    worker_concurrency: int = _opt(
+        32, "Most runs one worker executes at once (runs); `runlog worker --concurrency` wins."
+    )
+    worker_lease_s: float = _opt(
+        15.0,
+        "Run ownership lease, renewed every third of it (s). A dead worker's runs are taken "
+        "over within worker_lease_s + worker_reaper_interval_s.",
+    )
+    worker_reaper_interval_s: float = _opt(
+        2.0, "How often a worker looks for runs whose owner's lease ran out (s)."
+    )
+    worker_stale_queued_s: float = _opt(
+        30.0, "A queued run no worker took for this long gets its job sent again (s)."
+    )
+    worker_enqueue_retry_s: float = _opt(
+        0.5,
+        "How long a job waits before it is offered again while an earlier run of its "
+        "session is still active (session run policy 'enqueue') (s).",
+    )
+    worker_metrics_port: int = _opt(
+        0, "Port of the worker's /metrics and /healthz endpoint; 0: off."
+    )
+    drain_timeout_s: float = _opt(
+        20.0,
+        "On SIGTERM, how long a worker lets streaming runs finish before ending them with "
+        "run_error worker_draining (s).",
+    )
+    run_timeout_s: float = _opt(
+        900.0, "Longest a run may be active, not counting approval waits (s); code run_timeout."
+    )
+    model_timeout_s: float = _opt(
+        300.0,
+        "Longest wait for a model's first stream item or between two items (s); "
+        "code model_timeout.",
+    )
+    tool_timeout_s: float = _opt(120.0, "Longest one tool call may run (s); code tool_timeout.")
+    approval_timeout_s: float = _opt(
+        900.0, "How long an approval stays open before it expires (s)."
+    )
+    approval_poll_s: float = _opt(
+        1.0, "How often a worker waiting for an approval checks PostgreSQL for the decision (s)."
+    )
+    max_steps: int = _opt(
+        24, "Most model turns in one run (turns); past it the run fails with step_limit."
+    )
+    model_adapter: str = _opt("scripted", "Model adapter: scripted, openai or anthropic.")
+    model_max_tokens: int = _opt(4096, "max_tokens asked of the model per turn (tokens).")
+    system_prompt: str = _opt("", "System prompt sent first in every run; empty: none.")
+    scripted_tokens_per_s: float = _opt(
+        50.0, "Token rate of the scripted demo adapter (tokens/s); 0: as fast as possible."
+    )
+    openai_base_url: str = _opt(
+        "https://api.openai.com/v1",
+        "Base URL of an OpenAI-compatible Chat Completions API, with its version path.",
+    )
+    openai_api_key: str = _opt("", "API key for openai_base_url (sent as a bearer token).")
+    openai_model: str = _opt("gpt-4o-mini", "Model name for the openai adapter.")
+    anthropic_base_url: str = _opt(
+        "https://api.anthropic.com", "Base URL of the Anthropic Messages API."
+    )
+    anthropic_api_key: str = _opt("", "API key for the anthropic adapter (x-api-key).")
+    anthropic_model: str = _opt("claude-sonnet-4-5", "Model name for the anthropic adapter.")
+    tools: str = _opt(
+        "workers.builtin_tools:TOOLS",
+        "Tools the agent may call: comma-separated `module:attr` import paths, each a Tool "
+        "or a list of Tools.",
+    )
+    tool_raw_output: bool = _opt(
+        False,
+        "Send tools' raw output to clients in tool_result.output; off: the summary only "
+        "(the model always gets the raw output).",
+    )
+    discard_text_before_tools: bool = _opt(
+        False,
+        "When a turn's text is followed by tool calls, emit message_reset so clients discard "
+        "that text.",
+    )
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         env = os.environ if environ is None else environ

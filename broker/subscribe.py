@@ -85,10 +85,12 @@ class Subscription:
             )
             self._nats_sub = await self.bus.subscribe_live(subject, self._on_live)
         try:
-            head = await self._head()
+            head, ended = await self._head_and_end()
         except BaseException:
             await self.close()
             raise
+        if ended and self.position >= head:
+            self.ended = True  # an ended run, read to its end already
         if self.position > head:
             await self.close()
             raise errors.InvalidCursor(
@@ -135,6 +137,8 @@ class Subscription:
                 page = await self._check_position()
                 if page:
                     return self._deliver(page)
+                if self.ended:
+                    raise StopAsyncIteration from None
                 continue
             items = self._fresh(batch_items(batch))
             if not items:
@@ -183,21 +187,24 @@ class Subscription:
             for_s=self.settings.db_retry_s,
         )
 
-    async def _head(self) -> int:
+    async def _head_and_end(self) -> tuple[int, bool]:
+        """The head position, and whether the (run) stream has ended."""
         if self.run_id is not None:
             run_id = self.run_id
-            head = await retry_transient(
+            return await retry_transient(
                 lambda: self.store.run_head(run_id), for_s=self.settings.db_retry_s
             )
-            return head[0]
         session_id = self.session_id or ""
-        return await retry_transient(
+        head = await retry_transient(
             lambda: self.store.session_head(session_id), for_s=self.settings.db_retry_s
         )
+        return head, False
 
     async def _check_position(self) -> list[StoredEvent]:
-        head = await self._head()
+        head, ended = await self._head_and_end()
         if head <= self.position:
+            if ended:
+                self.ended = True
             return []
         self.metrics.gap_fills.labels("overflow" if self._overflowed else "position_check").inc()
         self._overflowed = False

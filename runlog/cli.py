@@ -1,9 +1,11 @@
 """`runlog`: one command, one subcommand per process kind.
 
-    runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
-                      the worker(s) and gateway(s); Ctrl-C stops everything
-    runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
-    runlog settings   print every setting with its variable, flag and default
+runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
+                  the worker(s) and gateway(s); Ctrl-C stops everything
+runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
+runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
+runlog token      mint a development bearer token for --user
+runlog settings   print every setting with its variable, flag and default
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ def _parser() -> argparse.ArgumentParser:
     mig = sub.add_parser("migrate", help="apply pending migrations")
     Settings.add_arguments(mig)
 
+    gw = sub.add_parser("gateway", help="run a gateway (REST, SSE, WebSocket)")
+    Settings.add_arguments(gw)
+
+    tok = sub.add_parser("token", help="mint a development bearer token")
+    tok.add_argument("--user", required=True, help="the user id (the token's subject)")
+    tok.add_argument("--ttl-s", type=float, default=None, help="lifetime in seconds")
+    Settings.add_arguments(tok)
+
     sub.add_parser("settings", help="print every setting (variable, flag, default)")
     return p
 
@@ -47,6 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
+        elif args.command == "gateway":
+            from gateway import main as gateway_main
+
+            _need_urls(settings)
+            asyncio.run(gateway_main.run(settings))
+        elif args.command == "token":
+            from gateway import auth
+
+            print(auth.mint(settings, args.user, args.ttl_s))
         elif args.command == "up":
             from . import up
 
@@ -67,6 +86,14 @@ async def _migrate(settings: Settings) -> None:
         )
     applied = await migrate.apply(settings.database_url)
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+def _need_urls(settings: Settings) -> None:
+    if not settings.database_url or not settings.nats_url:
+        raise errors.ClientError(
+            "RUNLOG_NATS_URL and RUNLOG_DATABASE_URL must be set",
+            hint="`runlog up` runs the whole stack with embedded NATS and PostgreSQL",
+        )
 
 
 def _print_settings() -> None:

@@ -145,14 +145,16 @@ async def test_postgres_long_data_dir_uses_short_socket_dir(data_root: Path) -> 
     assert not exists(socket_dir), "stop() removes the socket folder"
 
 
-async def test_nats_config_options(data_root: Path) -> None:
-    server = NatsProcess(data_root, port=4999, sync_always=True)
+def test_nats_config_options() -> None:
+    server = NatsProcess(Path("/data/nats"), port=4999, sync_always=True)
     server._http_port = 8999  # config_text() needs the ports start() would pick
     text = server.config_text()
     assert 'listen: "127.0.0.1:4999"' in text
+    assert 'http: "127.0.0.1:8999"' in text
+    assert 'store_dir: "/data/nats/js"' in text
     assert "sync_interval: always" in text
-    assert f'store_dir: "{data_root}/js"' in text
-    assert "sync_interval" not in NatsProcess(data_root, port=4999).config_text()
+    assert "cluster" not in text
+    assert "sync_interval" not in NatsProcess(Path("/data/nats"), port=4999).config_text()
 
 
 async def test_nats_three_node_cluster_replicates(data_root: Path) -> None:

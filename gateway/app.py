@@ -1,0 +1,132 @@
+"""The aiohttp application: routes, error middleware, health, metrics.
+
+`build_app` does no I/O; the broker connection is made in a cleanup context
+(or passed in, for tests and for `runlog up`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from broker import errors
+from broker.runtime import Broker
+from broker.settings import Settings
+
+from . import openapi, rest, ws
+from .context import GATEWAY, Gateway, json_response
+from .metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+STATIC_DIR = Path(__file__).parent / "static"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except errors.RunlogError as e:
+        if isinstance(e, errors.InternalError):
+            log.error("internal error on %s: %s", request.path, e.detail)
+        return json_response({"error": e.to_dict()}, e.http_status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            e.status, "bad_request"
+        )
+        return json_response(
+            {"error": {"code": code, "message": e.reason, "retryable": False}}, e.status
+        )
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response(
+            {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
+        )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    checks = {"nats": gw.broker.bus.nc.is_connected, "postgres": False, "draining": gw.draining}
+    try:
+        checks["postgres"] = await gw.broker.store.pool.fetchval("SELECT true", timeout=2)
+    except Exception:
+        checks["postgres"] = False
+    ok = checks["nats"] and checks["postgres"] and not gw.draining
+    return json_response({"ready": ok, **checks}, 200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi_doc(request: web.Request) -> web.Response:
+    return json_response(openapi.document())
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    page = STATIC_DIR / "index.html"
+    if page.exists():
+        return web.FileResponse(page)
+    return web.Response(text="runlog gateway\n", content_type="text/plain")
+
+
+def build_app(
+    settings: Settings,
+    *,
+    broker: Broker | None = None,
+    registry: CollectorRegistry | None = None,
+) -> web.Application:
+    """The gateway app. Without `broker`, it connects one at startup."""
+    registry = registry if registry is not None else CollectorRegistry()
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=settings.max_message_bytes
+    )
+    app[REGISTRY] = registry
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        own = broker is None
+        b = broker or await Broker.connect(settings, registry=registry, name="runlog-gateway")
+        gw = Gateway(b, settings, GatewayMetrics(registry))
+        app[GATEWAY] = gw
+        try:
+            yield
+        finally:
+            await gw.drain()
+            await gw.close()
+            if own:
+                await b.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    r = app.router
+    r.add_get("/", index)
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/metrics", metrics)
+    r.add_get("/v1/openapi.json", openapi_doc)
+    r.add_get("/v1/ws", ws.handle_ws)
+    r.add_post("/v1/sessions", rest.create_session)
+    r.add_get("/v1/sessions/{session_id}", rest.get_session)
+    r.add_post("/v1/sessions/{session_id}/members", rest.add_member)
+    r.add_post("/v1/sessions/{session_id}/runs", rest.start_run)
+    r.add_get("/v1/sessions/{session_id}/events", rest.session_events)
+    r.add_get("/v1/runs/{run_id}", rest.get_run)
+    r.add_get("/v1/runs/{run_id}/events", rest.run_events)
+    r.add_post("/v1/runs/{run_id}/interrupt", rest.interrupt)
+    r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
+    if STATIC_DIR.is_dir():
+        r.add_static("/static/", STATIC_DIR)
+    return app

@@ -1,0 +1,100 @@
+"""A client connection (WebSocket or SSE): send queue, writer task, cursors.
+
+The writer task is the only code that awaits the client's socket, so a slow
+client only ever slows itself. Everything else (the hub's pumps, other
+connections) just puts bytes into this connection's bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from .metrics import GatewayMetrics
+from .sendq import Item, Mode, SendQueue
+
+log = logging.getLogger(__name__)
+
+
+class Connection:
+    kind = "conn"
+
+    def __init__(
+        self,
+        user: str,
+        mode: Mode,
+        queue: SendQueue,
+        metrics: GatewayMetrics,
+        *,
+        on_overflow: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.user = user
+        self.mode = mode
+        self.queue = queue
+        self.metrics = metrics
+        self.sent: dict[str, int] = {}  # topic -> last position written
+        self.closing = False
+        self._writer: asyncio.Task[None] | None = None
+        self._on_overflow = on_overflow
+        self.overflowed = False
+
+    def start_writer(self) -> None:
+        self._writer = asyncio.create_task(self._write_loop(), name=f"runlog-{self.kind}-writer")
+
+    async def write_frames(self, frames: list[bytes]) -> None:
+        raise NotImplementedError
+
+    async def _write_loop(self) -> None:
+        q = self.queue
+        try:
+            while True:
+                await q.ready.wait()
+                items = q.take()
+                if not items:
+                    continue
+                await self._write_items(items)
+        except (ConnectionError, RuntimeError, asyncio.CancelledError):
+            # The peer went away (or we are closing): nothing more to write.
+            pass
+        except Exception:
+            log.exception("%s writer failed", self.kind)
+
+    async def _write_items(self, items: list[Item]) -> None:
+        frames = [it.render() for it in items]
+        await self.write_frames(frames)
+        events = 0
+        for it in items:
+            self.queue.written(it)
+            if it.topic is not None:
+                self.sent[it.topic] = it.last
+                events += 1
+        self.metrics.frames_sent.labels(self.kind).inc(len(frames))
+
+    def overflow(self) -> None:
+        """The send queue passed its bound: the client is too slow."""
+        if self.overflowed:
+            return
+        self.overflowed = True
+        self.metrics.slow_disconnects.labels(self.kind).inc()
+        if self._on_overflow is not None:
+            self._on_overflow(self)
+
+    async def stop_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._writer
+            self._writer = None
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until the queue is written (bounded); False on timeout."""
+        if self._writer is None or self._writer.done():
+            return self.queue.nbytes == 0
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.queue.wait_below(0)
+        except TimeoutError:
+            return False
+        return True

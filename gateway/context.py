@@ -1,0 +1,121 @@
+"""The gateway's per-process state, shared by its handlers (an aiohttp AppKey).
+
+It holds nothing a client cannot rebuild from the log: open connections and
+the hub's topics are caches of "who follows what from which cursor".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from aiohttp import web
+
+from broker import approvals, errors
+from broker.runtime import Broker
+from broker.settings import Settings
+
+from . import auth
+from .hub import Hub
+from .metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+_RUN_CACHE_MAX = 100_000
+
+
+class Gateway:
+    def __init__(self, broker: Broker, settings: Settings, metrics: GatewayMetrics) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.metrics = metrics
+        self.hub = Hub(broker, metrics, settings.hub_linger_s)
+        self.draining = False
+        self.connections: set[ClientLike] = set()
+        self._run_sessions: dict[str, str] = {}
+        public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
+        self.own_origins = {
+            public.rstrip("/"),
+            f"http://localhost:{settings.gateway_port}",
+            f"http://127.0.0.1:{settings.gateway_port}",
+        }
+
+    # -- auth helpers
+
+    def principal(self, request: web.Request) -> auth.Principal:
+        token = auth.bearer(request.headers.get("Authorization"))
+        if token is None:
+            # EventSource cannot set headers: a query parameter is accepted too.
+            token = request.query.get("access_token")
+        if not token:
+            raise errors.Unauthorized(
+                "missing bearer token", hint="send 'Authorization: Bearer <token>'"
+            )
+        return auth.verify(self.settings, token)
+
+    async def run_session(self, run_id: str) -> str:
+        """The session of a run (immutable, so cached)."""
+        sid = self._run_sessions.get(run_id)
+        if sid is None:
+            info = await self.broker.store.get_run(run_id)
+            sid = info.session_id
+            if len(self._run_sessions) >= _RUN_CACHE_MAX:
+                self._run_sessions.clear()
+            self._run_sessions[run_id] = sid
+        return sid
+
+    async def authorize_stream(self, user: str, kind: str, ident: str) -> None:
+        """Raise unless `user` may read the run or session."""
+        if kind == "run":
+            try:
+                sid = await self.run_session(ident)
+            except errors.RunNotFound:
+                # Same answer as for a run of a session you are not in.
+                raise errors.NotAMember(f"run {ident} is not in any session of yours") from None
+        else:
+            sid = ident
+        await auth.require_role(self.broker.store, sid, user, auth.READ, "read")
+
+    async def decide(
+        self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
+    ) -> dict[str, object]:
+        """Shared by REST and WebSocket: role check, then the single decision."""
+        info = await approvals.get(self.broker.store.pool, approval_id)
+        if run_id is not None and info.run_id != run_id:
+            raise errors.ApprovalNotFound(f"no approval {approval_id} in run {run_id}")
+        await auth.require_role(
+            self.broker.store, info.session_id, user, auth.ACT, "decide approvals"
+        )
+        stored, created = await self.broker.decide(approval_id, decision, user, comment)
+        return {"approval": stored._asdict(), "created": created}
+
+    # -- drain
+
+    async def drain(self) -> None:
+        """Tell every client to resume elsewhere (code + cursor), then return."""
+        self.draining = True
+        conns = list(self.connections)
+        if conns:
+            await asyncio.gather(
+                *(c.server_disconnect("server_draining") for c in conns), return_exceptions=True
+            )
+
+    async def close(self) -> None:
+        await self.hub.close()
+
+
+class ClientLike:
+    """What the gateway needs of an open client (WebSocket or SSE)."""
+
+    async def server_disconnect(self, code: str) -> None:
+        raise NotImplementedError
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(data), status=status, content_type="application/json"
+    )
+
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)

@@ -1,0 +1,125 @@
+"""Server frames, built as bytes.
+
+A topic ("run:<id>" or "session:<id>") batch is encoded at most once per wire
+format and the bytes are shared by every client following the topic; the
+event JSON inside is the stored payload, never re-encoded.
+
+WebSocket (text frames, JSON):
+  {"type":"event","topic":T,"cursor":N,"event":{...}}            one event
+  {"type":"events","topic":T,"cursor":N,"events":[{...},...]}     several; cursor = first's
+  a coalesced event adds "from":M: it stands for positions M..N
+SSE (LF only):
+  id: N\\ndata: {...}\\n\\n
+The cursor of a run topic is the event's seq; of a session topic, the
+session cursor. Resuming with the last cursor received gives what follows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from broker.store import StoredEvent
+
+_json = msgspec.json.Encoder()
+
+
+class EncodedBatch:
+    """Contiguous events of one topic, with lazily built shared frames."""
+
+    __slots__ = (
+        "_sse",
+        "_sse_joined",
+        "_ws_batch",
+        "_ws_single",
+        "by_run",
+        "first",
+        "items",
+        "last",
+        "topic",
+    )
+
+    def __init__(self, topic: str, items: list[StoredEvent], by_run: bool) -> None:
+        self.topic = topic
+        self.items = items
+        self.by_run = by_run
+        self.first = self.pos(items[0])
+        self.last = self.pos(items[-1])
+        self._ws_single: list[bytes] | None = None
+        self._ws_batch: bytes | None = None
+        self._sse: list[bytes] | None = None
+        self._sse_joined: bytes | None = None
+
+    def pos(self, e: StoredEvent) -> int:
+        return e.seq if self.by_run else e.cursor
+
+    @property
+    def ended(self) -> bool:
+        return self.by_run and self.items[-1].type == "run_end"
+
+    def ws_single(self) -> list[bytes]:
+        if self._ws_single is None:
+            head = b'{"type":"event","topic":"' + self.topic.encode() + b'","cursor":'
+            self._ws_single = [
+                b"".join((head, str(self.first + i).encode(), b',"event":', e.payload, b"}"))
+                for i, e in enumerate(self.items)
+            ]
+        return self._ws_single
+
+    def ws_batch(self) -> bytes:
+        if self._ws_batch is None:
+            self._ws_batch = ws_events_frame(
+                self.topic, self.first, [e.payload for e in self.items]
+            )
+        return self._ws_batch
+
+    def sse(self) -> list[bytes]:
+        if self._sse is None:
+            self._sse = [sse_frame(self.first + i, e.payload) for i, e in enumerate(self.items)]
+        return self._sse
+
+    def sse_joined(self) -> bytes:
+        if self._sse_joined is None:
+            self._sse_joined = b"".join(self.sse())
+        return self._sse_joined
+
+
+def ws_events_frame(topic: str, first: int, payloads: list[bytes]) -> bytes:
+    return b"".join(
+        (
+            b'{"type":"events","topic":"',
+            topic.encode(),
+            b'","cursor":',
+            str(first).encode(),
+            b',"events":[',
+            b",".join(payloads),
+            b"]}",
+        )
+    )
+
+
+def ws_event_frame(topic: str, pos: int, payload: bytes, from_pos: int | None = None) -> bytes:
+    extra = b"" if from_pos is None else b',"from":' + str(from_pos).encode()
+    return b"".join(
+        (
+            b'{"type":"event","topic":"',
+            topic.encode(),
+            b'","cursor":',
+            str(pos).encode(),
+            extra,
+            b',"event":',
+            payload,
+            b"}",
+        )
+    )
+
+
+def sse_frame(pos: int, payload: bytes) -> bytes:
+    return b"id: " + str(pos).encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def message(type_: str, **fields: Any) -> bytes:
+    """A small server message (hello, subscribed, error, ack, disconnect...)."""
+    fields = {"type": type_, **fields}
+    return _json.encode(fields)

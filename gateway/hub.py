@@ -1,0 +1,281 @@
+"""The fan-out hub: one live subscription per run or session per gateway
+process, shared by every client that follows it.
+
+Contract:
+- A `Topic` follows one run or session from its head with one broker
+  `Subscription` (itself gap-free: replay, dedupe, gap fill, position check).
+  Each batch is wrapped in an `EncodedBatch` once and offered to every member;
+  offering never awaits, so one slow client cannot delay the others.
+- A `Member` is one client's subscription. It joins "catching up": it replays
+  from PostgreSQL after the client's cursor, paced by its connection's queue,
+  while the topic's batches are buffered for it. Then, with no await between
+  the check and the switch, it drains that buffer (dropping what it already
+  sent, refilling from PostgreSQL if there is a hole) and goes live. So every
+  client gets every event after its cursor exactly once, in order.
+- A topic nobody follows is closed after `hub_linger_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from broker import errors
+from broker.runtime import Broker
+from broker.store import StoredEvent, retry_transient
+from broker.subscribe import Subscription
+
+from .connection import Connection
+from .frames import EncodedBatch
+from .metrics import GatewayMetrics
+from .sendq import Mode
+
+log = logging.getLogger(__name__)
+
+_PENDING_MAX = 256  # batches buffered for a catching-up member before it re-reads
+
+
+class Member:
+    def __init__(self, topic: Topic, conn: Connection, after: int, mode: Mode) -> None:
+        self.topic = topic
+        self.conn = conn
+        self.after = after
+        self.position = after
+        self.mode = mode
+        self.live = False
+        self.ended = False
+        self.closed = False
+        self._pending: list[EncodedBatch] = []
+        self._pending_overflow = False
+        self._catchup: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._catchup = asyncio.create_task(self._catch_up(), name="runlog-member-catchup")
+
+    def offer(self, batch: EncodedBatch) -> None:
+        if self.closed or self.ended:
+            return
+        if not self.live:
+            if len(self._pending) < _PENDING_MAX:
+                self._pending.append(batch)
+            else:
+                self._pending_overflow = True
+            return
+        if batch.last <= self.position:
+            return
+        if batch.first > self.position + 1:
+            # Cannot happen while the topic is gap-free, but if it does, the
+            # member re-reads from PostgreSQL rather than skip anything.
+            self.live = False
+            self._pending = [batch]
+            self.start()
+            return
+        self._push(batch)
+
+    def _push(self, batch: EncodedBatch) -> None:
+        start = self.position + 1 - batch.first
+        ok = self.conn.queue.put_events(self.mode, batch, start)
+        self.topic.hub.metrics.events_fanned_out.inc(len(batch.items) - start)
+        self.position = batch.last
+        if batch.ended:
+            self.ended = True
+        if not ok:
+            self.conn.overflow()
+
+    async def _catch_up(self) -> None:
+        hub = self.topic.hub
+        page_max = hub.broker.settings.page_max_events
+        q = self.conn.queue
+        try:
+            while not self.closed:
+                # Pace the replay by the client: never queue more than the lag mark.
+                await q.wait_below(q.lag_bytes)
+                page = await self.topic.page(self.position, page_max)
+                if page:
+                    batch = EncodedBatch(self.topic.key, page, self.topic.by_run)
+                    hub.metrics.replayed.inc(len(page))
+                    self._push(batch)
+                    if self.ended:
+                        return
+                if len(page) == page_max:
+                    continue
+                # At the head as of that read: switch to live if the buffer
+                # continues exactly where we are (no await from here on).
+                if self._pending_overflow:
+                    self._pending_overflow = False
+                    self._pending = []
+                    continue
+                pending, self._pending = self._pending, []
+                hole = False
+                for b in pending:
+                    if b.last <= self.position:
+                        continue
+                    if b.first > self.position + 1:
+                        hole = True
+                        break
+                    self._push(b)
+                if hole:
+                    continue
+                self.live = True
+                return
+        except errors.RunlogError as e:
+            log.warning("catch-up of %s failed: %s", self.topic.key, e.code)
+            self.conn.overflow()
+        except asyncio.CancelledError:
+            pass
+
+    def close(self) -> None:
+        self.closed = True
+        if self._catchup is not None and not self._catchup.done():
+            self._catchup.cancel()
+
+
+class Topic:
+    def __init__(self, hub: Hub, kind: str, ident: str) -> None:
+        self.hub = hub
+        self.kind = kind
+        self.ident = ident
+        self.key = f"{kind}:{ident}"
+        self.by_run = kind == "run"
+        self.members: set[Member] = set()
+        self.ended = False
+        self._sub: Subscription | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._linger: asyncio.TimerHandle | None = None
+
+    async def start(self) -> None:
+        head = await self.head()
+        if self.by_run:
+            self._sub = await self.hub.broker.subscribe(run_id=self.ident, after=head)
+        else:
+            self._sub = await self.hub.broker.subscribe(session_id=self.ident, after=head)
+        self._pump = asyncio.create_task(self._run(), name=f"runlog-topic-{self.kind}")
+
+    async def head(self) -> int:
+        store = self.hub.broker.store
+        s = self.hub.broker.settings
+        if self.by_run:
+            run_id = self.ident
+            head, _ = await retry_transient(lambda: store.run_head(run_id), for_s=s.db_retry_s)
+            return head
+        sid = self.ident
+        return await retry_transient(lambda: store.session_head(sid), for_s=s.db_retry_s)
+
+    async def page(self, after: int, limit: int) -> list[StoredEvent]:
+        store = self.hub.broker.store
+        s = self.hub.broker.settings
+        ident = self.ident
+        if self.by_run:
+            return await retry_transient(
+                lambda: store.run_page(ident, after, limit), for_s=s.db_retry_s
+            )
+        return await retry_transient(
+            lambda: store.session_page(ident, after, limit), for_s=s.db_retry_s
+        )
+
+    async def _run(self) -> None:
+        assert self._sub is not None
+        try:
+            async for items in self._sub:
+                batch = EncodedBatch(self.key, items, self.by_run)
+                for m in list(self.members):
+                    m.offer(batch)
+            self.ended = True
+        except asyncio.CancelledError:
+            pass
+        except errors.RunlogError as e:
+            # PostgreSQL gone for longer than db_retry_s: drop the members so
+            # their clients resume (elsewhere or later) from their cursors.
+            log.warning("topic %s stopped: %s", self.key, e.code)
+            for m in list(self.members):
+                m.conn.overflow()
+        finally:
+            self.hub._forget(self)
+            await self._sub.close()
+
+    def add(self, member: Member) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        self.members.add(member)
+
+    def remove(self, member: Member) -> None:
+        self.members.discard(member)
+        if not self.members and self._linger is None:
+            loop = asyncio.get_running_loop()
+            self._linger = loop.call_later(self.hub.linger_s, self._close_if_unused)
+
+    def _close_if_unused(self) -> None:
+        self._linger = None
+        if not self.members and self._pump is not None:
+            self._pump.cancel()
+
+    async def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._pump
+        if self._sub is not None:
+            await self._sub.close()
+
+
+class Hub:
+    def __init__(self, broker: Broker, metrics: GatewayMetrics, linger_s: float) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self.linger_s = linger_s
+        self._topics: dict[str, Topic] = {}
+        self._starting: dict[str, asyncio.Future[Topic]] = {}
+
+    async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
+        """Follow a run or session for `conn` from cursor `after`."""
+        topic = await self._topic(kind, ident)
+        head = await topic.head()
+        if after > head:
+            raise errors.InvalidCursor(
+                f"cursor {after} is past the head ({head})",
+                hint="resume from a cursor this stream gave you",
+            )
+        member = Member(topic, conn, after, mode)
+        topic.add(member)
+        member.start()
+        return member
+
+    def leave(self, member: Member) -> None:
+        member.close()
+        member.topic.remove(member)
+
+    async def _topic(self, kind: str, ident: str) -> Topic:
+        key = f"{kind}:{ident}"
+        topic = self._topics.get(key)
+        if topic is not None and not topic.ended:
+            return topic
+        starting = self._starting.get(key)
+        if starting is not None:
+            return await asyncio.shield(starting)
+        fut: asyncio.Future[Topic] = asyncio.get_running_loop().create_future()
+        self._starting[key] = fut
+        try:
+            topic = Topic(self, kind, ident)
+            await topic.start()
+            self._topics[key] = topic
+            self.metrics.topics.set(len(self._topics))
+            fut.set_result(topic)
+            return topic
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._starting[key]
+
+    def _forget(self, topic: Topic) -> None:
+        if self._topics.get(topic.key) is topic:
+            del self._topics[topic.key]
+            self.metrics.topics.set(len(self._topics))
+
+    async def close(self) -> None:
+        for t in list(self._topics.values()):
+            await t.close()
+        self._topics.clear()

@@ -1,0 +1,56 @@
+"""`runlog gateway`: serve the app until SIGTERM/SIGINT, then drain.
+
+Drain: stop accepting connections, tell every client to resume elsewhere
+(code `server_draining` with its cursors), wait for them to go (at most
+`gateway_drain_s`), close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from broker.settings import Settings
+
+from .app import build_app
+from .context import GATEWAY
+
+log = logging.getLogger("runlog.gateway")
+
+
+async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = False) -> None:
+    app = build_app(settings)
+    runner = web.AppRunner(
+        app, handle_signals=False, shutdown_timeout=settings.gateway_drain_s, access_log=None
+    )
+    await runner.setup()
+    site = web.TCPSite(
+        runner, settings.gateway_host, settings.gateway_port, reuse_port=reuse_port or None
+    )
+    await site.start()
+    log.info("gateway listening on http://%s:%s", settings.gateway_host, settings.gateway_port)
+    try:
+        await stop.wait()
+    finally:
+        log.info("gateway draining")
+        await site.stop()
+        gw = app.get(GATEWAY)
+        if gw is not None:
+            try:
+                async with asyncio.timeout(settings.gateway_drain_s):
+                    await gw.drain()
+            except TimeoutError:
+                log.warning("drain took longer than %.1fs", settings.gateway_drain_s)
+        await runner.cleanup()
+        log.info("gateway stopped")
+
+
+async def run(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(settings, stop)

@@ -1,0 +1,75 @@
+"""Gateway metrics, on an injected registry (labels from fixed allow-lists)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+CONN_KINDS = ("ws", "sse")
+_LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.connections = Gauge(
+            "runlog_gateway_connections", "Open client connections.", ["kind"], registry=registry
+        )
+        self.frames_sent = Counter(
+            "runlog_gateway_frames_sent_total",
+            "Frames written to clients (WebSocket frames or SSE writes).",
+            ["kind"],
+            registry=registry,
+        )
+        self.events_fanned_out = Counter(
+            "runlog_gateway_events_fanned_out_total",
+            "Events put into client send queues (one per event per subscriber).",
+            registry=registry,
+        )
+        self.slow_disconnects = Counter(
+            "runlog_gateway_slow_client_disconnects_total",
+            "Clients disconnected because their send queue passed its bound.",
+            ["kind"],
+            registry=registry,
+        )
+        self.coalesced = Counter(
+            "runlog_gateway_coalesced_events_total",
+            "Delta events merged into the previous one for a lagging client.",
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "runlog_gateway_dropped_progress_events_total",
+            "Progress events skipped for a lagging client.",
+            registry=registry,
+        )
+        self.topics = Gauge(
+            "runlog_gateway_topics", "Runs and sessions this gateway follows.", registry=registry
+        )
+        self.replayed = Counter(
+            "runlog_gateway_replayed_events_total",
+            "Events sent from PostgreSQL to catch a subscriber up.",
+            registry=registry,
+        )
+        self.commit_to_send_seconds = Histogram(
+            "runlog_gateway_commit_to_queue_seconds",
+            "From commit (as stamped by the appender) to the event entering client queues.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.ws_errors = Counter(
+            "runlog_gateway_client_errors_total",
+            "Error replies sent to clients, by code.",
+            ["code"],
+            registry=registry,
+        )
+        self.requests = Counter(
+            "runlog_gateway_http_requests_total",
+            "HTTP requests by route and status class.",
+            ["route", "status"],
+            registry=registry,
+        )
+        for k in CONN_KINDS:
+            self.connections.labels(k)
+            self.frames_sent.labels(k)
+            self.slow_disconnects.labels(k)

@@ -1,0 +1,236 @@
+"""REST handlers under /v1 (reference: docs/protocol.md and /v1/openapi.json).
+
+Request bodies are JSON objects decoded strictly (unknown fields refused) and
+size-limited; every error is `{"error": {"code", "message", "retryable"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from broker import errors
+
+from . import auth, sse
+from .context import GATEWAY, Gateway, json_response
+
+Text = Annotated[str, msgspec.Meta(max_length=4000)]
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Role = Literal["owner", "approver", "viewer"]
+Policy = Literal["reject", "enqueue", "interrupt"]
+
+
+class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class CreateSession(_Body):
+    title: Text = ""
+    run_policy: Policy = "enqueue"
+
+
+class AddMember(_Body):
+    user_id: Id
+    role: Role
+
+
+class StartRun(_Body):
+    input: Annotated[str, msgspec.Meta(max_length=32000)] = ""
+    model: Annotated[str, msgspec.Meta(max_length=200)] = ""
+
+
+class InterruptBody(_Body):
+    reason: Text = ""
+
+
+class DecideBody(_Body):
+    decision: Literal["approve", "reject"]
+    comment: Text = ""
+
+
+class InvalidRequest(errors.ClientError):
+    code = "invalid_request"
+
+
+B = TypeVar("B", bound=_Body)
+
+
+async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:
+    limit = gw.settings.max_message_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.PayloadTooLarge(f"body is over {limit} bytes")
+    data = await request.content.read(limit + 1)
+    if len(data) > limit:
+        raise errors.PayloadTooLarge(f"body is over {limit} bytes")
+    if not data.strip():
+        data = b"{}"
+    try:
+        return msgspec.json.decode(data, type=typ)
+    except msgspec.ValidationError as e:
+        raise InvalidRequest(str(e)) from e
+    except msgspec.DecodeError as e:
+        raise InvalidRequest("malformed JSON body") from e
+
+
+def wants_sse(request: web.Request) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
+def _limit(request: web.Request, gw: Gateway) -> int:
+    raw = request.query.get("limit", "")
+    if raw == "":
+        return gw.settings.page_max_events
+    if not raw.isdigit() or not 1 <= int(raw) <= gw.settings.page_max_events:
+        raise InvalidRequest(f"limit must be 1..{gw.settings.page_max_events}")
+    return int(raw)
+
+
+async def create_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    body = await read_body(request, CreateSession, gw)
+    sid = await gw.broker.store.create_session(p.user, body.title)
+    if body.run_policy != "enqueue":
+        await gw.broker.store.set_run_policy(sid, body.run_policy)
+    return json_response({"session_id": sid, "run_policy": body.run_policy}, 201)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    sid = request.match_info["session_id"]
+    role = await auth.require_role(gw.broker.store, sid, p.user, auth.READ, "read")
+    store = gw.broker.store
+    members = await store.pool.fetch(
+        "SELECT user_id, role FROM members WHERE session_id = $1 ORDER BY added_at", sid
+    )
+    runs = await store.pool.fetch(
+        "SELECT run_id, status, started_by, last_seq FROM runs WHERE session_id = $1"
+        " ORDER BY created_at DESC LIMIT 100",
+        sid,
+    )
+    return json_response(
+        {
+            "session_id": sid,
+            "your_role": role,
+            "head": await store.session_head(sid),
+            "run_policy": await store.session_run_policy(sid),
+            "members": [{"user_id": m[0], "role": m[1]} for m in members],
+            "runs": [
+                {"run_id": r[0], "status": r[1], "started_by": r[2], "last_seq": r[3]} for r in runs
+            ],
+        }
+    )
+
+
+async def add_member(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    sid = request.match_info["session_id"]
+    body = await read_body(request, AddMember, gw)
+    await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "add members")
+    await gw.broker.store.add_member(sid, body.user_id, body.role, p.user)
+    await gw.broker.store.audit(
+        p.user, "add_member", session_id=sid, detail={"user_id": body.user_id, "role": body.role}
+    )
+    return json_response({"session_id": sid, "user_id": body.user_id, "role": body.role}, 201)
+
+
+async def start_run(request: web.Request) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    sid = request.match_info["session_id"]
+    body = await read_body(request, StartRun, gw)
+    await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "start runs")
+    run_id = await gw.broker.start_run(sid, p.user, input=body.input, model=body.model)
+    if wants_sse(request):
+        return await sse.stream(request, gw, p.user, "run", run_id, 0)
+    return json_response(
+        {"run_id": run_id, "session_id": sid, "events_url": f"/v1/runs/{run_id}/events"}, 202
+    )
+
+
+async def get_run(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    run_id = request.match_info["run_id"]
+    await gw.authorize_stream(p.user, "run", run_id)
+    info = await gw.broker.store.get_run(run_id)
+    stop = await gw.broker.store.interrupt_request(run_id)
+    out = {k: v for k, v in info._asdict().items() if k not in ("owner_id", "owner_epoch")}
+    out["interrupt"] = (
+        None
+        if stop is None
+        else {"requested_by": stop[0], "requested_at": stop[1], "reason": stop[2]}
+    )
+    return json_response(out)
+
+
+async def run_events(request: web.Request) -> web.StreamResponse:
+    return await _events(request, "run", request.match_info["run_id"])
+
+
+async def session_events(request: web.Request) -> web.StreamResponse:
+    return await _events(request, "session", request.match_info["session_id"])
+
+
+async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    await gw.authorize_stream(p.user, kind, ident)
+    after = sse.cursor_from(request)
+    if wants_sse(request):
+        return await sse.stream(request, gw, p.user, kind, ident, after)
+    limit = _limit(request, gw)
+    store = gw.broker.store
+    if kind == "run":
+        page = await store.run_page(ident, after, limit)
+        head, ended = await store.run_head(ident)
+        last = page[-1].seq if page else after
+    else:
+        page = await store.session_page(ident, after, limit)
+        head, ended = await store.session_head(ident), False
+        last = page[-1].cursor if page else after
+    if after > head:
+        raise errors.InvalidCursor(f"cursor {after} is past the head ({head})")
+    # The stored JSON goes out as it is: no decode, no re-encode.
+    body = b"".join(
+        (
+            b'{"events":[',
+            b",".join(e.payload for e in page),
+            b'],"cursor":',
+            str(after + 1 if page else after).encode(),
+            b',"next_after":',
+            str(last).encode(),
+            b',"head":',
+            str(head).encode(),
+            b',"ended":',
+            b"true" if ended and last >= head else b"false",
+            b"}",
+        )
+    )
+    return web.Response(body=body, content_type="application/json")
+
+
+async def interrupt(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    run_id = request.match_info["run_id"]
+    body = await read_body(request, InterruptBody, gw)
+    sid = await gw.run_session(run_id)
+    await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "interrupt runs")
+    first = await gw.broker.interrupt(run_id, p.user, body.reason)
+    return json_response({"run_id": run_id, "first": first}, 202)
+
+
+async def decide_approval(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    approval_id = request.match_info["approval_id"]
+    body = await read_body(request, DecideBody, gw)
+    result = await gw.decide(
+        p.user, approval_id, body.decision, body.comment, run_id=request.match_info["run_id"]
+    )
+    return json_response(result, 201 if result["created"] else 200)

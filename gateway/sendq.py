@@ -1,0 +1,174 @@
+"""The per-connection send queue: bounded in bytes, coalescing when lagging.
+
+Contract:
+- Items leave in the order they were put; event items carry the topic and
+  the last position they cover, so the connection knows the cursor of what it
+  actually wrote.
+- Below `lag_bytes` queued (or being written), event frames are the shared,
+  pre-encoded ones. Above it the connection is lagging: consecutive
+  text/reasoning/tool-args deltas of one message are merged into one event
+  (which covers positions first..last), and progress events are dropped.
+- Above `max_bytes`, `put_*` returns False: the caller disconnects the client
+  with its cursor. Memory per connection therefore never exceeds about
+  `max_bytes` plus one batch, whatever the client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, Literal
+
+import msgspec
+
+from .frames import EncodedBatch, sse_frame, ws_event_frame, ws_events_frame
+
+Mode = Literal["ws", "ws_batch", "sse"]
+
+# Delta types that can be merged, and the field that names their stream.
+_MERGEABLE = {
+    "text_delta": ("message_id", "delta"),
+    "reasoning_delta": ("message_id", "delta"),
+    "tool_args_delta": ("tool_call_id", "partial_json"),
+}
+_DROPPABLE = frozenset({"progress"})
+_decode = msgspec.json.Decoder(dict[str, Any]).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class Item:
+    __slots__ = ("data", "event", "first", "key", "last", "mode", "nbytes", "topic")
+
+    def __init__(
+        self,
+        data: bytes | None,
+        topic: str | None,
+        last: int,
+        nbytes: int,
+        *,
+        mode: Mode = "ws",
+        first: int = 0,
+        key: tuple[str, str] | None = None,
+        event: dict[str, Any] | None = None,
+    ) -> None:
+        self.data = data
+        self.topic = topic
+        self.last = last
+        self.nbytes = nbytes
+        self.mode = mode
+        self.first = first
+        self.key = key
+        self.event = event
+
+    def render(self) -> bytes:
+        if self.data is not None:
+            return self.data
+        assert self.event is not None and self.topic is not None
+        payload = _encode(self.event)
+        from_pos = self.first if self.first != self.last else None
+        if self.mode == "sse":
+            return sse_frame(self.last, payload)
+        return ws_event_frame(self.topic, self.last, payload, from_pos)
+
+
+class SendQueue:
+    def __init__(self, max_bytes: int, lag_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.lag_bytes = lag_bytes
+        self._items: collections.deque[Item] = collections.deque()
+        self.nbytes = 0  # queued + being written
+        self.ready = asyncio.Event()
+        self._progress = asyncio.Event()
+        self.coalesced = 0
+        self.dropped = 0
+
+    @property
+    def lagging(self) -> bool:
+        return self.nbytes > self.lag_bytes
+
+    def put_message(self, data: bytes) -> None:
+        """A control message (hello, ack, error...): small, never refused."""
+        self._append(Item(data, None, 0, len(data)))
+
+    def put_events(self, mode: Mode, batch: EncodedBatch, start: int) -> bool:
+        """Queue `batch.items[start:]`; False if that overflows the bound."""
+        if self.lagging:
+            self._put_lagging(mode, batch, start)
+        elif mode == "ws":
+            frames = batch.ws_single()
+            for i in range(start, len(frames)):
+                f = frames[i]
+                self._append(Item(f, batch.topic, batch.first + i, len(f)))
+        elif mode == "ws_batch":
+            if start == 0:
+                data = batch.ws_batch()
+            else:
+                payloads = [e.payload for e in batch.items[start:]]
+                data = ws_events_frame(batch.topic, batch.first + start, payloads)
+            self._append(Item(data, batch.topic, batch.last, len(data)))
+        else:
+            data = batch.sse_joined() if start == 0 else b"".join(batch.sse()[start:])
+            self._append(Item(data, batch.topic, batch.last, len(data)))
+        return self.nbytes <= self.max_bytes
+
+    def _put_lagging(self, mode: Mode, batch: EncodedBatch, start: int) -> None:
+        items = batch.items
+        for i in range(start, len(items)):
+            e = items[i]
+            pos = batch.first + i
+            if e.type in _DROPPABLE:
+                self.dropped += 1
+                continue
+            spec = _MERGEABLE.get(e.type)
+            if spec is None:
+                data = sse_frame(pos, e.payload) if mode == "sse" else (
+                    ws_event_frame(batch.topic, pos, e.payload)
+                )  # fmt: skip
+                self._append(Item(data, batch.topic, pos, len(data)))
+                continue
+            id_field, text_field = spec
+            ev = _decode(e.payload)
+            key = (e.type, str(ev.get(id_field, "")))
+            last = self._items[-1] if self._items else None
+            if last is not None and last.key == key and last.topic == batch.topic:
+                assert last.event is not None
+                text = str(last.event.get(text_field, "")) + str(ev.get(text_field, ""))
+                ev[text_field] = text
+                added = len(e.payload)
+                last.event = ev
+                last.last = pos
+                last.nbytes += added
+                self.nbytes += added
+                self.coalesced += 1
+                continue
+            self._append(
+                Item(None, batch.topic, pos, len(e.payload) + 64, mode=mode, first=pos,
+                     key=key, event=ev)
+            )  # fmt: skip
+
+    def _append(self, item: Item) -> None:
+        self._items.append(item)
+        self.nbytes += item.nbytes
+        self.ready.set()
+
+    def take(self) -> list[Item]:
+        """Everything queued, for the writer; call `written` after each item."""
+        items = list(self._items)
+        self._items.clear()
+        self.ready.clear()
+        return items
+
+    def written(self, item: Item) -> None:
+        self.nbytes -= item.nbytes
+        self._progress.set()
+
+    async def wait_below(self, nbytes: int) -> None:
+        """Wait until at most `nbytes` are queued or being written."""
+        while self.nbytes > nbytes:
+            self._progress.clear()
+            await self._progress.wait()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.nbytes = 0
+        self._progress.set()

@@ -1,0 +1,285 @@
+"""WebSocket endpoint `/v1/ws` (protocol in docs/protocol.md).
+
+Per connection: one reader (this handler), one writer task (`Connection`),
+and one `Member` per subscription. Replies to requests (`subscribed`, `ack`,
+`error`, `pong`) go through the same queue as events, so the client sees
+them in order with the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from aiohttp import WSMsgType, web
+
+from broker import errors
+
+from . import auth, protocol
+from .connection import Connection
+from .context import GATEWAY, ClientLike, Gateway
+from .disconnect import CODES
+from .frames import message
+from .hub import Member
+from .sendq import SendQueue
+
+log = logging.getLogger(__name__)
+
+# The hard limit aiohttp enforces itself (close 1009); below it, oversize
+# messages get a `message_too_large` error and the connection stays.
+_HARD_LIMIT_FACTOR = 16
+_MAX_STRIKES = 20  # malformed messages in a row before the connection is closed
+
+
+class _Bucket:
+    """Token bucket for client messages."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = 2 * rate
+        self.tokens = self.capacity
+        self.t = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class WsClient(Connection, ClientLike):
+    kind = "ws"
+
+    def __init__(self, gw: Gateway, ws: web.WebSocketResponse) -> None:
+        s = gw.settings
+        super().__init__(
+            "", "ws", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics,
+            on_overflow=lambda c: asyncio.get_running_loop().create_task(
+                self.server_disconnect("slow_consumer")
+            ),
+        )  # fmt: skip
+        self.gw = gw
+        self.ws = ws
+        self.members: dict[str, Member] = {}
+        self.principal: auth.Principal | None = None
+        self._closing_task = False
+        self._expiry: asyncio.TimerHandle | None = None
+
+    async def write_frames(self, frames: list[bytes]) -> None:
+        for f in frames:
+            await self.ws.send_frame(f, WSMsgType.TEXT)
+
+    def reply(self, type_: str, **fields: object) -> None:
+        self.queue.put_message(message(type_, **fields))
+
+    def error(self, e: errors.RunlogError, ref: str = "") -> None:
+        self.gw.metrics.ws_errors.labels(e.code).inc()
+        self.reply("error", ref=ref, **e.to_dict())
+
+    def cursors(self) -> dict[str, int]:
+        """Per topic, the cursor to resume from: the last event written to the
+        socket (queued-but-unsent ones are not the client's yet)."""
+        return {key: self.sent.get(key, m.after) for key, m in self.members.items()}
+
+    async def server_disconnect(self, code: str) -> None:
+        """Send the reason and cursors, then close (bounded in time)."""
+        if self._closing_task:
+            return
+        self._closing_task = True
+        d = CODES[code]
+        if code != "slow_consumer":
+            await self.flush(2.0)  # let queued events out first
+        # A slow client's queue is full: drop it, it resumes from its cursor.
+        self.queue.clear()
+        await self.stop_writer()
+        payload = message(
+            "disconnect", code=code, reconnect=d.reconnect, message=d.meaning,
+            cursors=self.cursors(),
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(2.0):
+                await self.ws.send_frame(payload, WSMsgType.TEXT)
+                await self.ws.close(code=d.close_code, message=code.encode())
+        except (TimeoutError, ConnectionError, RuntimeError):
+            pass
+        # A client that does not read never completes the close handshake.
+        if not self.ws.closed and self.ws._writer is not None:
+            self.ws._writer.transport.abort()
+
+    # -- messages
+
+    async def handle(self, data: str) -> None:
+        s = self.gw.settings
+        msg = protocol.decode(data, max_bytes=s.max_message_bytes)
+        match msg:
+            case protocol.Auth():
+                self.authenticate(msg.token)
+                self.reply("authenticated", ref=msg.ref, user=self.user)
+            case protocol.Ping():
+                self.reply("pong", ref=msg.ref, ts=int(time.time() * 1000))
+            case _ if self.principal is None:
+                raise errors.Unauthorized("authenticate first: send {'type':'auth','token':...}")
+            case protocol.Subscribe():
+                await self.subscribe(msg)
+            case protocol.Unsubscribe():
+                kind, ident = protocol.topic_of(msg)
+                m = self.members.pop(f"{kind}:{ident}", None)
+                if m is not None:
+                    self.gw.hub.leave(m)
+                self.reply("unsubscribed", ref=msg.ref, topic=f"{kind}:{ident}")
+            case protocol.InterruptMsg():
+                sid = await self.gw.run_session(msg.run_id)
+                await auth.require_role(
+                    self.gw.broker.store, sid, self.user, auth.ACT, "interrupt runs"
+                )
+                first = await self.gw.broker.interrupt(msg.run_id, self.user, msg.reason)
+                self.reply("ack", ref=msg.ref, result={"run_id": msg.run_id, "first": first})
+            case protocol.DecideMsg():
+                result = await self.gw.decide(self.user, msg.approval_id, msg.decision, msg.comment)
+                self.reply("ack", ref=msg.ref, result=result)
+
+    def authenticate(self, token: str) -> None:
+        p = auth.verify(self.gw.settings, token)
+        if self.principal is not None and p.user != self.principal.user:
+            raise errors.Forbidden("a connection cannot change user")
+        self.principal = p
+        self.user = p.user
+        if self._expiry is not None:
+            self._expiry.cancel()
+        delay = max(0.0, p.expires_at - time.time())
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(
+            delay, lambda: loop.create_task(self.server_disconnect("token_expired"))
+        )
+
+    async def subscribe(self, msg: protocol.Subscribe) -> None:
+        kind, ident = protocol.topic_of(msg)
+        key = f"{kind}:{ident}"
+        if key in self.members:
+            raise errors.Conflict(f"already subscribed to {key}; unsubscribe first")
+        if len(self.members) >= self.gw.settings.max_subscriptions:
+            raise errors.ClientError(
+                f"at most {self.gw.settings.max_subscriptions} subscriptions per connection"
+            )
+        await self.gw.authorize_stream(self.user, kind, ident)
+        mode = "ws_batch" if msg.batch else "ws"
+        # The confirmation is queued before the member starts, so it precedes
+        # the subscription's first event.
+        head = await _head(self.gw, kind, ident)
+        if msg.after > head:
+            raise errors.InvalidCursor(
+                f"cursor {msg.after} is past the head ({head})",
+                hint="resume from a cursor this stream gave you",
+            )
+        self.reply("subscribed", ref=msg.ref, topic=key, cursor=msg.after, head=head)
+        member = await self.gw.hub.join(self, kind, ident, msg.after, mode)  # type: ignore[arg-type]
+        self.members[key] = member
+
+    def close_members(self) -> None:
+        for m in self.members.values():
+            self.gw.hub.leave(m)
+        self.members.clear()
+        if self._expiry is not None:
+            self._expiry.cancel()
+
+
+async def _head(gw: Gateway, kind: str, ident: str) -> int:
+    if kind == "run":
+        return (await gw.broker.store.run_head(ident))[0]
+    return await gw.broker.store.session_head(ident)
+
+
+async def handle_ws(request: web.Request) -> web.StreamResponse:
+    gw: Gateway = request.app[GATEWAY]
+    s = gw.settings
+    if gw.draining:
+        raise errors.StorageError("this gateway is draining", hint="connect to another gateway")
+    if not auth.origin_allowed(s, request.headers.get("Origin"), gw.own_origins):
+        gw.metrics.ws_errors.labels("origin_not_allowed").inc()
+        raise errors.Forbidden("Origin not allowed")
+
+    # Credentials before the upgrade: header, subprotocol or query; else the
+    # first message must be `auth`.
+    token = auth.bearer(request.headers.get("Authorization")) or request.query.get("access_token")
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    for p in offered:
+        if p.startswith(protocol.BEARER_SUBPROTOCOL_PREFIX):
+            token = p[len(protocol.BEARER_SUBPROTOCOL_PREFIX) :]
+    principal = auth.verify(s, token) if token else None  # bad token: 401 before upgrade
+
+    ws = web.WebSocketResponse(
+        protocols=(protocol.SUBPROTOCOL,),
+        heartbeat=s.ws_heartbeat_s,
+        max_msg_size=s.max_message_bytes * _HARD_LIMIT_FACTOR,
+        compress=False,
+    )
+    await ws.prepare(request)
+    client = WsClient(gw, ws)
+    gw.connections.add(client)
+    gw.metrics.connections.labels("ws").inc()
+    client.start_writer()
+    try:
+        if principal is not None and token is not None:
+            client.authenticate(token)
+        client.reply(
+            "hello", protocol=protocol.PROTOCOL_VERSION, heartbeat_s=s.ws_heartbeat_s,
+            max_message_bytes=s.max_message_bytes, user=client.user or None,
+        )  # fmt: skip
+        await _read_loop(gw, client, ws)
+    finally:
+        client.close_members()
+        await client.stop_writer()
+        gw.connections.discard(client)
+        gw.metrics.connections.labels("ws").dec()
+    return ws
+
+
+async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -> None:
+    s = gw.settings
+    bucket = _Bucket(s.control_rate_per_s)
+    strikes = 0
+    auth_deadline = time.monotonic() + s.ws_auth_timeout_s
+    while not ws.closed:
+        timeout = None if client.principal else max(0.0, auth_deadline - time.monotonic())
+        try:
+            msg = await ws.receive(timeout=timeout)
+        except TimeoutError:
+            await client.server_disconnect("auth_timeout")
+            return
+        if msg.type == WSMsgType.TEXT:
+            if not bucket.take():
+                if bucket.tokens < -4 * bucket.capacity:
+                    await client.server_disconnect("rate_limited")
+                    return
+                bucket.tokens -= 1  # debt: a flood runs the bucket negative
+                client.error(errors.ClientError("too many messages; slow down"), "")
+                continue
+            try:
+                await client.handle(msg.data)
+                strikes = 0
+            except errors.ClientError as e:
+                client.error(e, protocol.peek(msg.data)[1])
+                strikes += 1
+                if strikes >= _MAX_STRIKES:
+                    await client.server_disconnect("protocol_error")
+                    return
+            except errors.RunlogError as e:
+                client.error(e, protocol.peek(msg.data)[1])
+            except Exception:
+                log.exception("websocket message failed")
+                client.error(errors.InternalError("internal error"), protocol.peek(msg.data)[1])
+        elif msg.type == WSMsgType.BINARY:
+            client.error(protocol.InvalidMessage("binary frames are not accepted; send JSON text"))
+            strikes += 1
+            if strikes >= _MAX_STRIKES:
+                await client.server_disconnect("protocol_error")
+                return
+        elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return
+    with contextlib.suppress(Exception):
+        await ws.close()

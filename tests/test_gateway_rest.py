@@ -1,0 +1,252 @@
+"""Gateway REST + SSE against real NATS and PostgreSQL, through real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import jwt
+import pytest
+import pytest_asyncio
+
+from broker import approvals, events, ids
+from broker.runtime import Broker
+from broker.settings import Settings
+
+from .gw import RunningGateway, read_sse, running_gateway, session_with, write_run
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gw(settings: Settings) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(settings, sse_heartbeat_s=0.3) as g:
+        yield g
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def test_session_run_and_pages(gw: RunningGateway, http: aiohttp.ClientSession,
+                                     broker: Broker) -> None:  # fmt: skip
+    sid = await session_with(http, gw, "alice", bob="viewer")
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/runs", json={"input": "hi"},
+                         headers=gw.headers("alice")) as r:  # fmt: skip
+        assert r.status == 202
+        body = await r.json()
+        assert ids.is_valid(body["run_id"]) and body["session_id"] == sid
+    async with http.get(f"{gw.url}/v1/runs/{body['run_id']}", headers=gw.headers("bob")) as r:
+        assert r.status == 200
+        assert (await r.json())["status"] in ("queued", "running", "completed")
+
+    run_id, _ = await write_run(broker, sid, 25)
+    async with http.get(f"{gw.url}/v1/runs/{run_id}/events?after=10&limit=5",
+                        headers=gw.headers("bob")) as r:  # fmt: skip
+        page = await r.json()
+    assert [e["seq"] for e in page["events"]] == [11, 12, 13, 14, 15]
+    assert page["next_after"] == 15 and page["head"] == 26 and page["ended"] is False
+    async with http.get(f"{gw.url}/v1/runs/{run_id}/events?after=20",
+                        headers=gw.headers("bob")) as r:  # fmt: skip
+        page = await r.json()
+    assert page["events"][-1]["type"] == "run_end" and page["ended"] is True
+    async with http.get(f"{gw.url}/v1/sessions/{sid}", headers=gw.headers("bob")) as r:
+        info = await r.json()
+    assert info["your_role"] == "viewer" and {m["user_id"] for m in info["members"]} == {
+        "alice", "bob"}  # fmt: skip
+
+
+async def test_auth_failures(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
+    sid = await session_with(http, gw, "alice", vic="viewer")
+    url = f"{gw.url}/v1/sessions/{sid}"
+    forged = jwt.encode({"sub": "alice", "exp": time.time() + 60, "iss": "runlog"},
+                        "not-the-secret-not-the-secret-not-the-secret", algorithm="HS256")  # fmt: skip
+    cases = [
+        ({}, 401, "unauthorized"),
+        ({"Authorization": "Basic abc"}, 401, "unauthorized"),
+        ({"Authorization": f"Bearer {gw.token('alice', ttl_s=-10)}"}, 401, "token_expired"),
+        ({"Authorization": f"Bearer {forged}"}, 401, "unauthorized"),
+        ({"Authorization": "Bearer not.a.jwt"}, 401, "unauthorized"),
+        (gw.headers("mallory"), 403, "not_a_member"),
+    ]
+    for headers, status, code in cases:
+        async with http.get(url, headers=headers) as r:
+            assert r.status == status, headers
+            err = (await r.json())["error"]
+            assert err["code"] == code and "Traceback" not in err["message"]
+    # A viewer may read but not act.
+    run_id = await _start(http, gw, sid, "alice")
+    async with http.post(f"{gw.url}/v1/runs/{run_id}/interrupt", json={},
+                         headers=gw.headers("vic")) as r:  # fmt: skip
+        assert r.status == 403 and (await r.json())["error"]["code"] == "forbidden"
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/runs", json={},
+                         headers=gw.headers("vic")) as r:  # fmt: skip
+        assert r.status == 403
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/members",
+                         json={"user_id": "x", "role": "owner"}, headers=gw.headers("vic")) as r:  # fmt: skip
+        assert r.status == 403
+    # Owners may stop; a repeat is accepted but changes nothing.
+    for first in (True, False):
+        async with http.post(f"{gw.url}/v1/runs/{run_id}/interrupt", json={"reason": "enough"},
+                             headers=gw.headers("alice")) as r:  # fmt: skip
+            assert r.status == 202 and (await r.json())["first"] is first
+    async with http.get(f"{gw.url}/v1/runs/{run_id}", headers=gw.headers("vic")) as r:
+        stop = (await r.json())["interrupt"]
+    assert stop["requested_by"] == "alice" and stop["reason"] == "enough"
+
+
+async def _start(http: aiohttp.ClientSession, gw: RunningGateway, sid: str, user: str) -> str:
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/runs", json={"input": "x"},
+                         headers=gw.headers(user)) as r:  # fmt: skip
+        assert r.status == 202, await r.text()
+        return str((await r.json())["run_id"])
+
+
+async def test_bad_bodies_get_codes(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
+    h = gw.headers("alice")
+    cases = [
+        (b"{", 400, "invalid_request"),
+        (b'{"title": 5}', 400, "invalid_request"),
+        (b'{"title": "x", "extra": 1}', 400, "invalid_request"),
+        (b'{"run_policy": "chaos"}', 400, "invalid_request"),
+        (b'{"title": "' + b"x" * 70000 + b'"}', 413, "payload_too_large"),
+    ]
+    for body, status, code in cases:
+        async with http.post(f"{gw.url}/v1/sessions", data=body, headers=h) as r:
+            assert r.status == status, body[:40]
+            assert (await r.json())["error"]["code"] == code
+    async with http.get(f"{gw.url}/v1/nope", headers=h) as r:
+        assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
+    sid = await session_with(http, gw, "alice")
+    run_id = await _start(http, gw, sid, "alice")
+    for q in ("after=-1", "after=abc", "after=99999", "limit=0", "limit=100000"):
+        async with http.get(f"{gw.url}/v1/runs/{run_id}/events?{q}", headers=h) as r:
+            assert r.status == 400, q
+            assert (await r.json())["error"]["code"] in ("invalid_cursor", "invalid_request")
+
+
+async def test_approvals_decided_once(gw: RunningGateway, http: aiohttp.ClientSession,
+                                      broker: Broker) -> None:  # fmt: skip
+    sid = await session_with(http, gw, "alice", ann="approver", vic="viewer", ben="approver")
+    run_id = await _start(http, gw, sid, "alice")
+    now = int(time.time() * 1000)
+    live, old = ids.approval_id(), ids.approval_id()
+    await approvals.create(broker.store.pool, approval_id=live, run_id=run_id,
+                           tool_call_id="c1", summary="delete", expires_at_ms=now + 60_000)  # fmt: skip
+    await approvals.create(broker.store.pool, approval_id=old, run_id=run_id,
+                           tool_call_id="c2", summary="delete", expires_at_ms=now - 1)  # fmt: skip
+    url = f"{gw.url}/v1/runs/{run_id}/approvals/"
+
+    async def decide(user: str, aid: str, decision: str) -> tuple[int, dict]:
+        async with http.post(url + aid, json={"decision": decision},
+                             headers=gw.headers(user)) as r:  # fmt: skip
+            return r.status, await r.json()
+
+    assert (await decide("vic", live, "approve"))[0] == 403
+    status, body = await decide("ann", live, "approve")
+    assert status == 201 and body["created"] is True
+    assert body["approval"]["decided_by"] == "ann" and body["approval"]["decision"] == "approve"
+    status, body = await decide("ben", live, "approve")  # the same decision: a no-op
+    assert status == 200 and body["created"] is False and body["approval"]["decided_by"] == "ann"
+    status, body = await decide("ben", live, "reject")
+    assert status == 409 and body["error"]["code"] == "approval_conflict"
+    assert body["error"]["stored"]["decision"] == "approve"
+    status, body = await decide("ann", old, "approve")
+    assert status == 410 and body["error"]["code"] == "approval_expired"
+    status, body = await decide("ann", ids.approval_id(), "approve")
+    assert status == 404 and body["error"]["code"] == "approval_not_found"
+
+
+async def test_sse_resume_by_last_event_id_and_after(gw: RunningGateway, http: aiohttp.ClientSession,
+                                                      broker: Broker) -> None:  # fmt: skip
+    sid = await session_with(http, gw, "alice")
+    run_id, _ = await write_run(broker, sid, 40)
+    h = {**gw.headers("alice"), "Accept": "text/event-stream"}
+    async with http.get(f"{gw.url}/v1/runs/{run_id}/events", headers=h) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        assert r.headers["X-Accel-Buffering"] == "no" and "Content-Encoding" not in r.headers
+        full = await read_sse(r)
+    assert [i for i, _ in full] == list(range(1, 42)) and [e["seq"] for _, e in full] == list(
+        range(1, 42)
+    )
+    async with http.get(f"{gw.url}/v1/runs/{run_id}/events",
+                        headers={**h, "Last-Event-ID": "17"}) as r:  # fmt: skip
+        assert [i for i, _ in await read_sse(r)] == list(range(18, 42))
+    # EventSource cannot set headers: the token and cursor go in the query.
+    tok = gw.token("alice")
+    async with http.get(f"{gw.url}/v1/runs/{run_id}/events?after=30&access_token={tok}",
+                        headers={"Accept": "text/event-stream"}) as r:  # fmt: skip
+        assert [i for i, _ in await read_sse(r)] == list(range(31, 42))
+    # At the end of an ended run: 204, so EventSource stops reconnecting.
+    async with http.get(f"{gw.url}/v1/runs/{run_id}/events",
+                        headers={**h, "Last-Event-ID": "41"}) as r:  # fmt: skip
+        assert r.status == 204
+
+
+async def test_sse_live_with_heartbeat_and_session_cursor(gw: RunningGateway,
+        http: aiohttp.ClientSession, broker: Broker) -> None:  # fmt: skip
+    sid = await session_with(http, gw, "alice")
+    run_a, wa = await write_run(broker, sid, 5, end=False)
+    h = {**gw.headers("alice"), "Accept": "text/event-stream"}
+    async with http.get(f"{gw.url}/v1/sessions/{sid}/events?after=2", headers=h) as r:
+        first = await read_sse(r, until_type=None, count=3)
+        assert [i for i, _ in first] == [3, 4, 5]
+        raw = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)  # quiet: a heartbeat
+        assert raw.startswith(b":")
+        run_b, _ = await write_run(broker, sid, 3)
+        rest = await read_sse(r, until_type="run_end")
+    assert [i for i, _ in rest] == [6, 7, 8, 9]
+    assert {e["run_id"] for _, e in rest} == {run_b}
+    await wa.append(events.RunEnd(status="completed"))
+    await wa.flush()
+
+
+async def test_post_run_streams_with_accept_sse(gw: RunningGateway, http: aiohttp.ClientSession,
+                                                broker: Broker) -> None:  # fmt: skip
+    sid = await session_with(http, gw, "alice")
+    h = {**gw.headers("alice"), "Accept": "text/event-stream"}
+
+    async def fake_worker() -> None:
+        # The worker's side, written through the broker as a worker does.
+        for _ in range(100):
+            runs = await broker.store.active_runs(sid)
+            if runs:
+                w = await broker.claim(runs[0], "w")
+                await w.append(events.RunStart(model="m", started_by="alice"))
+                await w.append(events.TextDelta(message_id="m", delta="hello"))
+                await w.append(events.RunEnd(status="completed"))
+                await w.flush()
+                return
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(fake_worker())
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/runs", json={"input": "hi"},
+                         headers=h) as r:  # fmt: skip
+        assert r.status == 200
+        got = await read_sse(r)
+    await task
+    assert [e["type"] for _, e in got] == ["run_start", "text_delta", "run_end"]
+
+
+async def test_health_and_docs(gw: RunningGateway, http: aiohttp.ClientSession) -> None:
+    async with http.get(gw.url + "/healthz") as r:
+        assert r.status == 200
+    async with http.get(gw.url + "/readyz") as r:
+        assert r.status == 200 and (await r.json())["ready"] is True
+    async with http.get(gw.url + "/metrics") as r:
+        text = await r.text()
+        assert "runlog_gateway_connections" in text and "runlog_events_appended_total" in text
+    async with http.get(gw.url + "/v1/openapi.json") as r:
+        doc = await r.json()
+        assert doc["openapi"].startswith("3.") and "/v1/runs/{run_id}/events" in doc["paths"]
+        assert "StartRun" in doc["components"]["schemas"]
+
+
+@pytest.mark.parametrize("path", ["/v1/sessions/s_x/events", "/v1/runs/r_x/events"])
+async def test_streams_of_unknown_ids_do_not_leak(gw: RunningGateway, http: aiohttp.ClientSession,
+                                                  path: str) -> None:  # fmt: skip
+    async with http.get(gw.url + path, headers=gw.headers("alice")) as r:
+        assert r.status == 403 and (await r.json())["error"]["code"] == "not_a_member"
