@@ -242,26 +242,52 @@ def summarize(section: str, name: str, unit: str, values: Sequence[float]) -> Fi
     )
 
 
-def histogram_stats(hist: Histogram) -> dict[str, float]:
-    """count, sum, mean and bucket-estimated p50/p90/p99 of a prometheus Histogram.
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    """The cumulative state of a prometheus Histogram at one moment."""
 
-    The quantiles interpolate linearly inside the bucket that holds them, as
-    PromQL's histogram_quantile does, so they are only as fine as the buckets.
-    """
-    buckets: list[tuple[float, float]] = []
-    count = total = 0.0
-    for metric in hist.collect():
-        for s in metric.samples:
-            if s.name.endswith("_bucket"):
-                buckets.append((float(s.labels["le"]), s.value))
-            elif s.name.endswith("_count"):
-                count = s.value
-            elif s.name.endswith("_sum"):
-                total = s.value
-    out = {"count": count, "sum": total, "mean": total / count if count else float("nan")}
-    for q in (0.5, 0.9, 0.99):
-        out[f"p{round(q * 100)}"] = _bucket_quantile(q, sorted(buckets))
-    return out
+    buckets: tuple[tuple[float, float], ...]  # (upper bound, cumulative count), ascending
+    count: float
+    sum: float
+
+    @classmethod
+    def of(cls, hist: Histogram) -> HistogramSnapshot:
+        buckets: list[tuple[float, float]] = []
+        count = total = 0.0
+        for metric in hist.collect():
+            for s in metric.samples:
+                if s.name.endswith("_bucket"):
+                    buckets.append((float(s.labels["le"]), s.value))
+                elif s.name.endswith("_count"):
+                    count = s.value
+                elif s.name.endswith("_sum"):
+                    total = s.value
+        return cls(tuple(sorted(buckets)), count, total)
+
+    def since(self, before: HistogramSnapshot) -> HistogramSnapshot:
+        """What was observed between `before` and this snapshot."""
+        old = dict(before.buckets)
+        return HistogramSnapshot(
+            tuple((le, c - old.get(le, 0.0)) for le, c in self.buckets),
+            self.count - before.count,
+            self.sum - before.sum,
+        )
+
+    def stats(self) -> dict[str, float]:
+        """count, sum, mean and bucket-estimated p50/p90/p99.
+
+        The quantiles interpolate linearly inside the bucket that holds them, as
+        PromQL's histogram_quantile does, so they are only as fine as the
+        buckets (a p99 of "2.46 s" means "between 1 and 2.5 s").
+        """
+        out = {
+            "count": self.count,
+            "sum": self.sum,
+            "mean": self.sum / self.count if self.count else float("nan"),
+        }
+        for q in (0.5, 0.9, 0.99):
+            out[f"p{round(q * 100)}"] = _bucket_quantile(q, list(self.buckets))
+        return out
 
 
 def _bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -393,7 +419,10 @@ class Timer:
     def others_cores(self) -> float:
         """Cores' worth of CPU used by processes other than ours during the phase."""
         ours = sum(v for k, v in self.cpu_s.items() if k not in ("host", "steal"))
-        return (self.cpu_s["host"] - ours) / self.wall_s if self.wall_s else float("nan")
+        if not self.wall_s:
+            return float("nan")
+        # Tick-granular counters can make a near-zero difference slightly negative.
+        return max(0.0, (self.cpu_s["host"] - ours) / self.wall_s)
 
     def us_per(self, n: int, who: str) -> float:
         """CPU µs per item of `who`, NaN when not measurable (external server)."""

@@ -31,6 +31,7 @@ import io
 import itertools
 import pstats
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -210,16 +211,17 @@ async def _append_trial(
         await asyncio.gather(*(w.flush() for w in writers))
         await _wait_published(b)
         m = b.metrics
-        base = {
-            "batches": _lib.histogram_stats(m.batch_events)["count"],
-            "events": _lib.histogram_stats(m.batch_events)["sum"],
-            "messages": _sample(m, "runlog_publish_messages_total"),
+        # Counters and histograms are cumulative: read them before and after
+        # the measured phase and report the difference.
+        hists = {
+            "batch": m.batch_events,
+            "commit": m.commit_seconds,
+            "append_latency": m.append_latency_seconds,
+            "publish_lag": m.publish_lag_seconds,
         }
-        # Fresh histograms for the measured phase: read the deltas from these.
-        hist_base = {
-            "commit": _lib.histogram_stats(m.commit_seconds),
-            "batch": _lib.histogram_stats(m.batch_events),
-        }
+        before = {k: _lib.HistogramSnapshot.of(h) for k, h in hists.items()}
+        messages_before = _sample(m, "runlog_publish_messages_total")
+        dropped_before = _sample(m, "runlog_publish_dropped_total")
 
         feed = _Feed(args.events_per_run, args.burst, args.sample_every, args.rate_per_run)
         n_events = args.runs * args.events_per_run
@@ -238,30 +240,34 @@ async def _append_trial(
         if profiler is not None and profile_path is not None:
             _dump_profile(profiler, profile_path)
 
-        batch = _lib.histogram_stats(m.batch_events)
-        commit = _lib.histogram_stats(m.commit_seconds)
-        n_batches = batch["count"] - base["batches"]
-        n_committed = batch["sum"] - base["events"]
-        n_messages = _sample(m, "runlog_publish_messages_total") - base["messages"]
+        h = {
+            k: _lib.HistogramSnapshot.of(hist).since(before[k]).stats() for k, hist in hists.items()
+        }
+        n_batches = h["batch"]["count"]
+        n_committed = h["batch"]["sum"]
+        n_messages = _sample(m, "runlog_publish_messages_total") - messages_before
         latencies = sorted(feed.latencies)
         appended_s = max(feed.appended_at) - feed.t0
-        publish_lag = _lib.histogram_stats(m.publish_lag_seconds)
-        append_hist = _lib.histogram_stats(m.append_latency_seconds)
-        sample_payload = events.encode(
-            events.TextDelta(
-                message_id="m_0001",
-                delta=TOKENS[1],
-                run_id=writers[0].run_id,
-                session_id=writers[0].session_id,
-                seq=1000,
-                ts=b.appender.now_ms(),
+        event_bytes = statistics.mean(
+            len(
+                events.encode(
+                    events.TextDelta(
+                        message_id="m_0001",
+                        delta=token,
+                        run_id=writers[0].run_id,
+                        session_id=writers[0].session_id,
+                        seq=1000,
+                        ts=b.appender.now_ms(),
+                    )
+                )
             )
+            for token in TOKENS
         )
         result = {
             "settings": combo,
             "events": n_events,
             "events_committed": n_committed,
-            "event_bytes_mean": len(sample_payload),
+            "event_bytes_mean": event_bytes,
             "committed_s": commit_wall_s,
             "published_s": timer.wall_s,
             "appended_s": appended_s,
@@ -273,19 +279,17 @@ async def _append_trial(
             "latency_p99_ms": _lib.quantile(latencies, 0.99) * 1e3,
             "latency_max_ms": (latencies[-1] if latencies else float("nan")) * 1e3,
             # The product's own histogram: oldest event of each batch, append→commit.
-            "metric_append_latency_p50_ms": append_hist["p50"] * 1e3,
-            "metric_append_latency_p99_ms": append_hist["p99"] * 1e3,
+            "metric_append_latency_p50_ms": h["append_latency"]["p50"] * 1e3,
+            "metric_append_latency_p99_ms": h["append_latency"]["p99"] * 1e3,
             "batches": n_batches,
             "batch_events_mean": n_committed / n_batches if n_batches else float("nan"),
-            "commit_ms_mean": (commit["sum"] - hist_base["commit"]["sum"])
-            / max(1.0, commit["count"] - hist_base["commit"]["count"])
-            * 1e3,
-            "commit_busy_pct": 100 * (commit["sum"] - hist_base["commit"]["sum"]) / commit_wall_s,
+            "commit_ms_mean": h["commit"]["mean"] * 1e3,
+            "commit_busy_pct": 100 * h["commit"]["sum"] / commit_wall_s,
             "publish_messages": n_messages,
             "events_per_message": n_committed / n_messages if n_messages else float("nan"),
-            "publish_lag_p50_ms": publish_lag["p50"] * 1e3,
-            "publish_lag_p99_ms": publish_lag["p99"] * 1e3,
-            "publish_dropped": _sample(m, "runlog_publish_dropped_total"),
+            "publish_lag_p50_ms": h["publish_lag"]["p50"] * 1e3,
+            "publish_lag_p99_ms": h["publish_lag"]["p99"] * 1e3,
+            "publish_dropped": _sample(m, "runlog_publish_dropped_total") - dropped_before,
             "cpu_s_until_committed": commit_cpu,
             "cpu_s": timer.cpu_s,
             "client_cpu_us_per_event": timer.us_per(n_events, "client"),

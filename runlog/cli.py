@@ -4,6 +4,7 @@ runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
                   the worker(s) and gateway(s); Ctrl-C stops everything
 runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
 runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
+runlog worker     a worker: takes run jobs, executes runs (--concurrency N)
 runlog token      mint a development bearer token for --user
 runlog settings   print every setting with its variable, flag and default
 """
@@ -35,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     gw = sub.add_parser("gateway", help="run a gateway (REST, SSE, WebSocket)")
     Settings.add_arguments(gw)
 
+    wk = sub.add_parser("worker", help="run a worker (executes runs; SIGTERM drains it)")
+    wk.add_argument(
+        "--concurrency", type=int, default=None, help="most runs at once (worker_concurrency)"
+    )
+    Settings.add_arguments(wk)
+
     tok = sub.add_parser("token", help="mint a development bearer token")
     tok.add_argument("--user", required=True, help="the user id (the token's subject)")
     tok.add_argument("--ttl-s", type=float, default=None, help="lifetime in seconds")
@@ -62,6 +69,8 @@ def main(argv: list[str] | None = None) -> None:
 
             _need_urls(settings)
             asyncio.run(gateway_main.run(settings))
+        elif args.command == "worker":
+            asyncio.run(_worker(settings, args.concurrency))
         elif args.command == "token":
             from gateway import auth
 
@@ -88,6 +97,15 @@ async def _migrate(settings: Settings) -> None:
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
 
 
+async def _worker(settings: Settings, concurrency: int | None) -> None:
+    from workers.serve import serve
+
+    _need_urls(settings)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    await serve(settings, stop, concurrency=concurrency)
+
+
 def _need_urls(settings: Settings) -> None:
     if not settings.database_url or not settings.nats_url:
         raise errors.ClientError(
@@ -105,3 +123,8 @@ def install_stop_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+
+
+if __name__ == "__main__":
+    main()
+

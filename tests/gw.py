@@ -130,6 +130,7 @@ class WsClient:
         self.events: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self.replies: list[dict[str, Any]] = []
         self.disconnect: dict[str, Any] | None = None
+        self.closed_with: aiohttp.WSMessage | None = None
 
     async def send(self, **msg: Any) -> None:
         await self.ws.send_str(json.dumps(msg))
@@ -144,6 +145,7 @@ class WsClient:
     async def _read_one(self) -> bool:
         msg = await self.ws.receive()
         if msg.type != aiohttp.WSMsgType.TEXT:
+            self.closed_with = msg
             return False
         m = json.loads(msg.data)
         if m["type"] == "event":

@@ -189,7 +189,7 @@ async def test_sse_resume_by_last_event_id_and_after(gw: RunningGateway, http: a
 async def test_sse_live_with_heartbeat_and_session_cursor(gw: RunningGateway,
         http: aiohttp.ClientSession, broker: Broker) -> None:  # fmt: skip
     sid = await session_with(http, gw, "alice")
-    run_a, wa = await write_run(broker, sid, 5, end=False)
+    _, wa = await write_run(broker, sid, 5, end=False)
     h = {**gw.headers("alice"), "Accept": "text/event-stream"}
     async with http.get(f"{gw.url}/v1/sessions/{sid}/events?after=2", headers=h) as r:
         first = await read_sse(r, until_type=None, count=3)

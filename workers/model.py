@@ -91,7 +91,7 @@ FinishReason = Literal["stop", "tool_calls", "length", "content_filter", "other"
 
 class Finish(msgspec.Struct, kw_only=True, tag="finish"):
     reason: FinishReason
-    usage: Usage = Usage()
+    usage: Usage = msgspec.field(default_factory=Usage)
 
 
 ModelItem = TextChunk | ReasoningChunk | ToolCallBegin | ToolArgsChunk | ToolCallDone | Finish

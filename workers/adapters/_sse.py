@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -160,7 +160,7 @@ _KEYLIKE = re.compile(r"\bsk-[\w\-*.]{6,}")
 def clean_message(text: str, redact: Sequence[str] = ()) -> str:
     """Provider text made safe for logs and clients: keys out, short, one line."""
     for secret in redact:
-        if secret:
+        if len(secret) >= 8:  # a toy key like "x" would garble every message
             text = text.replace(secret, "[redacted]")
     text = _KEYLIKE.sub("[redacted]", text)
     text = " ".join(text.split())
@@ -196,7 +196,9 @@ def http_error(status: int, body: bytes, redact: Sequence[str] = ()) -> ModelErr
         return ModelError("model_auth", message, retryable=False)
     if status == 429:
         # OpenAI's out-of-credit answer is a 429 too; waiting does not fix it.
-        return ModelError("model_rate_limited", message, retryable=info.code != "insufficient_quota")
+        return ModelError(
+            "model_rate_limited", message, retryable=info.code != "insufficient_quota"
+        )
     if status == 529 or info.type == "overloaded_error":
         return ModelError("model_overloaded", message, retryable=True)
     if status == 408:
@@ -218,10 +220,14 @@ def transport_error(e: Exception) -> ModelError:
     if isinstance(e, TimeoutError):
         return ModelError("model_timeout", "no data from the provider in time", retryable=True)
     if isinstance(e, ValueError):  # aiohttp.InvalidURL and friends: configuration
-        return ModelError("model_bad_request", f"bad provider URL ({type(e).__name__})", retryable=False)
+        return ModelError(
+            "model_bad_request", f"bad provider URL ({type(e).__name__})", retryable=False
+        )
     if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
         return ModelError("model_unavailable", "the provider closed the connection", retryable=True)
-    return ModelError("model_unavailable", f"cannot reach the provider ({type(e).__name__})", retryable=True)
+    return ModelError(
+        "model_unavailable", f"cannot reach the provider ({type(e).__name__})", retryable=True
+    )
 
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError, ValueError)
@@ -269,7 +275,7 @@ class SSEClient:
 
     async def post(
         self, url: str, *, headers: Mapping[str, str], body: bytes
-    ) -> AsyncIterator[list[SSEEvent]]:
+    ) -> AsyncGenerator[list[SSEEvent], None]:
         t = self._timeouts
         loop = asyncio.get_running_loop()
         first_byte_deadline = loop.time() + t.first_byte_s

@@ -13,7 +13,7 @@ Normalization beyond the `workers.model` contract:
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 import aiohttp
@@ -230,6 +230,7 @@ class EventDecoder:
         self._redact = redact
         # index → open tool_use block, or None for a block we skip
         self._blocks: dict[int, _ToolBlock | None] = {}
+        self._begun: set[str] = set()  # ids handed out in ToolCallBegin
         self._stop_reason: str | None = None
         self._input = _Usage()
         self._output_tokens = 0
@@ -298,10 +299,15 @@ class EventDecoder:
             self._output_tokens = u.output_tokens
 
     def _start(self, index: int, b: _ContentBlock, items: list[ModelItem]) -> None:
+        if index in self._blocks:
+            raise malformed(f"content block {index} started twice")
         if b.type == "tool_use":
             if not b.name:
                 raise malformed(f"tool_use block {index} has no name")
-            block = _ToolBlock(b.id or f"toolu_{self._id_prefix}_{index}")
+            # None sent, or reused by another block: ids must tell calls apart.
+            block_id = b.id if b.id and b.id not in self._begun else ""
+            block = _ToolBlock(block_id or f"toolu_{self._id_prefix}_{len(self._begun)}")
+            self._begun.add(block.id)
             self._blocks[index] = block
             items.append(ToolCallBegin(id=block.id, name=b.name))
             return
@@ -355,7 +361,7 @@ class AnthropicAdapter:
         read_timeout_s: float = 300.0,
     ) -> None:
         self._url = base_url.rstrip("/") + "/v1/messages"
-        self._model = model
+        self.model = model  # the default; a request may name another
         self._redact = (api_key,) if api_key else ()
         self._headers = {
             "Content-Type": "application/json",
@@ -372,10 +378,12 @@ class AnthropicAdapter:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelItem]:
-        body = encode_request(request, self._model)
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelItem, None]:
+        body = encode_request(request, self.model)
         decoder = EventDecoder(redact=self._redact)
-        async with aclosing(self._http.post(self._url, headers=self._headers, body=body)) as batches:
+        async with aclosing(
+            self._http.post(self._url, headers=self._headers, body=body)
+        ) as batches:
             async for events in batches:
                 for ev in events:
                     for item in decoder.feed(ev.event, ev.data):

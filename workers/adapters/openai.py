@@ -16,7 +16,7 @@ Normalization beyond the `workers.model` contract:
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 import aiohttp
@@ -93,7 +93,9 @@ def _message(m: Message) -> _Message:
     if m.role == "tool":
         return _Message(role="tool", content=m.content, tool_call_id=m.tool_call_id)
     if m.role == "assistant" and m.tool_calls:
-        calls = [_ToolCall(id=c.id, function=_FunctionCall(c.name, c.arguments)) for c in m.tool_calls]
+        calls = [
+            _ToolCall(id=c.id, function=_FunctionCall(c.name, c.arguments)) for c in m.tool_calls
+        ]
         return _Message(role="assistant", content=m.content or None, tool_calls=calls)
     return _Message(role=m.role, content=m.content)
 
@@ -197,6 +199,7 @@ class ChunkDecoder:
         self._calls: dict[int, _Call] = {}  # open calls by index
         self._ids: dict[str, int] = {}  # provider id → index, for servers that omit indexes
         self._last_index = 0
+        self._begun: set[str] = set()  # ids handed out in ToolCallBegin
         self._had_calls = False
         self._reason: str | None = None
         self._usage = Usage()
@@ -210,14 +213,14 @@ class ChunkDecoder:
             chunk = _CHUNK.decode(data)
         except msgspec.DecodeError as e:
             if event == "error":
-                raise ModelError(
-                    "model_stream_error", clean_message(data, self._redact), retryable=True
-                ) from e
+                raise self._error_event(data) from e
             raise malformed(f"undecodable chunk: {e}") from e
         if chunk.error is not None:
             if isinstance(chunk.error, str):
                 chunk.error = ErrorInfo(message=chunk.error)
             raise stream_error(chunk.error, self._redact)
+        if event == "error":
+            raise self._error_event(data)
         if chunk.usage is not None:
             u = chunk.usage
             details = u.completion_tokens_details
@@ -264,6 +267,11 @@ class ChunkDecoder:
         items.append(Finish(reason=reason, usage=self._usage))
         return items
 
+    def _error_event(self, data: str) -> ModelError:
+        # `event: error` (some proxies) with a body of no known shape: the
+        # provider failed mid-stream; its text is all we have.
+        return ModelError("model_stream_error", clean_message(data, self._redact), retryable=True)
+
     def _index(self, tc: _ToolCallDelta) -> int:
         if tc.index is not None:
             return tc.index
@@ -288,7 +296,10 @@ class ChunkDecoder:
             return
         if fn.name and not call.name:
             call.name = fn.name
-            call.id = call.id or f"call_{self._id_prefix}_{index}"
+            if not call.id or call.id in self._begun:
+                # None sent, or reused by another call: ids must tell calls apart.
+                call.id = f"call_{self._id_prefix}_{index}"
+            self._begun.add(call.id)
             items.append(ToolCallBegin(id=call.id, name=call.name))
             for piece in call.pending:
                 items.append(ToolArgsChunk(id=call.id, json=piece))
@@ -331,7 +342,7 @@ class OpenAIAdapter:
         max_tokens_param: str = "max_completion_tokens",
     ) -> None:
         self._url = base_url.rstrip("/") + "/chat/completions"
-        self._model = model
+        self.model = model  # the default; a request may name another
         self._max_tokens_param = max_tokens_param
         self._redact = (api_key,) if api_key else ()
         self._headers = {
@@ -349,10 +360,12 @@ class OpenAIAdapter:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelItem]:
-        body = encode_request(request, self._model, self._max_tokens_param)
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelItem, None]:
+        body = encode_request(request, self.model, self._max_tokens_param)
         decoder = ChunkDecoder(redact=self._redact)
-        async with aclosing(self._http.post(self._url, headers=self._headers, body=body)) as batches:
+        async with aclosing(
+            self._http.post(self._url, headers=self._headers, body=body)
+        ) as batches:
             async for events in batches:
                 for ev in events:
                     for item in decoder.feed(ev.data, ev.event):

@@ -1,0 +1,153 @@
+"""One writer per run, takeovers and drain, with real `runlog worker`
+processes killed (SIGKILL), paused (SIGSTOP) and drained (SIGTERM)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from broker import events
+from broker.runtime import Broker
+from broker.settings import Settings
+
+from .test_worker_kit import (
+    WorkerProcess,
+    of,
+    purge_jobs,
+    read_run,
+    running_worker,
+    start,
+    stored,
+    text_of,
+    wait_event,
+    wait_until,
+)
+
+# Short leases for the process that gets killed, so takeovers come quickly.
+_DOOMED = {"worker_lease_s": 2.0}
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(settings: Settings) -> AsyncIterator[Broker]:
+    """A broker with no worker: starts runs, decides, reads."""
+    b = await Broker.connect(settings, name="test-client")
+    await purge_jobs(b)
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, "send the report")
+        req = await wait_event(client, run_id, "approval_required")
+        assert isinstance(req, events.ApprovalRequired)
+    finally:
+        await doomed.kill()
+    # Decided while no worker owns the run: stored, and sent to nobody.
+    await client.decide(req.approval_id, "approve", "bob", "ok")
+    async with running_worker(settings, purge=False) as (_, w):
+        evs = await read_run(client, run_id)
+    assert w.metrics is not None and w.metrics.takeovers.labels("resumed")._value.get() >= 1
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    (dec,) = of(evs, events.ApprovalDecided)
+    assert (dec.approval_id, dec.decision, dec.decided_by) == (req.approval_id, "approve", "bob")
+    sent = [r for r in of(evs, events.ToolResult) if r.tool_call_id == req.tool_call_id]
+    assert [r.status for r in sent] == ["ok"]
+    assert "the summary was sent" in text_of(evs)
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_kill_9_mid_stream_fails_the_run_cleanly(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", scripted_tokens_per_s=40.0, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, "long story")
+        await wait_event(client, run_id, "text_delta", count=10)
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False) as (_, w):
+        evs = await read_run(client, run_id)  # contiguous, each seq once
+    assert w.metrics is not None and w.metrics.takeovers.labels("failed")._value.get() >= 1
+    err, end = evs[-2], evs[-1]
+    assert isinstance(err, events.RunError) and (err.code, err.retryable) == ("worker_lost", True)
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+    assert len(text_of(evs).split()) >= 10  # what streamed before the crash is kept
+    assert (await client.store.get_run(run_id)).status == "failed"
+
+
+async def test_paused_worker_cannot_append_after_takeover(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    paused = WorkerProcess(settings, tmp_path / "a.log", scripted_tokens_per_s=40.0, **_DOOMED)
+    await paused.start()
+    try:
+        _, run_id = await start(client, "long story")
+        await wait_event(client, run_id, "text_delta", count=10)
+        paused.signal(signal.SIGSTOP)
+        async with running_worker(settings, purge=False):
+            evs = await read_run(client, run_id)  # taken over and ended
+        assert of(evs, events.RunError)[0].code == "worker_lost"
+        head = len(evs)
+        paused.signal(signal.SIGCONT)
+
+        # The resumed worker finds out it was fenced, and writes nothing.
+        async def noticed() -> bool:
+            out = paused.output()
+            return "ownership lost" in out or "lease lost" in out
+
+        await wait_until(noticed, timeout_s=30)
+        after = await stored(client, run_id)
+        assert len(after) == head and isinstance(after[-1], events.RunEnd)
+        assert await client.store.run_head(run_id) == (head, True)
+        assert await paused.terminate() == 0  # still healthy: drains and exits
+    finally:
+        await paused.kill()
+
+
+async def test_sigterm_drains_releases_waiting_runs_and_ends_streaming_ones(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    draining = WorkerProcess(
+        settings,
+        tmp_path / "a.log",
+        scripted_tokens_per_s=20.0,
+        drain_timeout_s=1.0,
+        worker_lease_s=30.0,  # a released run must not wait for its lease
+    )
+    await draining.start()
+    try:
+        _, waiting = await start(client, "send the report")
+        req = await wait_event(client, waiting, "approval_required")
+        _, streaming = await start(client, "long story")
+        await wait_event(client, streaming, "text_delta", count=3)
+        assert await draining.terminate() == 0
+    finally:
+        await draining.kill()
+    # The streaming run was ended with a retryable code; nothing was lost.
+    evs = await stored(client, streaming)
+    err, end = evs[-2], evs[-1]
+    assert isinstance(err, events.RunError) and (err.code, err.retryable) == (
+        "worker_draining",
+        True,
+    )
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+    # The waiting run was handed over as it was, and resumes on another worker.
+    waiting_evs = await stored(client, waiting)
+    assert waiting_evs[-1].seq == req.seq
+    async with running_worker(settings, purge=False) as (_, w):
+        await client.decide(req.approval_id, "reject", "bob")  # type: ignore[union-attr]
+        evs = await read_run(client, waiting, timeout_s=60)
+    assert w.metrics is not None and w.metrics.takeovers.labels("resumed")._value.get() >= 1
+    assert of(evs, events.ApprovalDecided)[0].decision == "reject"
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]

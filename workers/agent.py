@@ -1,0 +1,336 @@
+"""The agent loop: model turn → events → tools → next turn, until the model
+stops; then `run_end`.
+
+Contract (what a run's log looks like when a worker runs it):
+- `run_start` is the first event (appended only when the log is empty).
+- Each model turn's items become events as they arrive: text →
+  `text_delta` (one message_id per turn), reasoning → `reasoning_delta`,
+  tool calls → `tool_call_start` (with the tool's risk level),
+  `tool_args_delta`..., `tool_call_end`. With `discard_text_before_tools`,
+  a turn's text that turns out to be followed by tool calls gets a
+  `message_reset`, and later text of that turn a new message_id.
+- Then the turn's tools run in order (`toolstep.py`), each ending with a
+  `tool_result`; high-risk ones wait for an approval first.
+- The run ends with exactly one `run_end`: `completed` (with usage),
+  `aborted` (after `interrupt_requested`, with the stop audit) or `failed`
+  (after `run_error` with a stable code). Nothing is appended by a worker
+  that lost ownership: it just stops (the new owner ends or resumes the run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Literal
+
+from broker import errors, events, ids
+
+from .context import Released, RunContext, Stopped
+from .errors import RunFailure
+from .model import (
+    Finish,
+    Message,
+    ModelAdapter,
+    ModelError,
+    ModelItem,
+    ModelRequest,
+    ReasoningChunk,
+    TextChunk,
+    ToolArgsChunk,
+    ToolCall,
+    ToolCallBegin,
+    ToolCallDone,
+    Usage,
+)
+from .state import AgentState
+from .toolstep import run_tool_call, wait_and_record
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["completed", "aborted", "failed", "released", "lost"]
+
+
+class _Turn:
+    """What one model turn produced."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.message_id = ids.new_id("m")
+        self.reset_done = False
+        self.calls: dict[str, tuple[str, list[str]]] = {}  # id -> (name, argument chunks)
+        self.finish: Finish | None = None
+
+
+class Agent:
+    def __init__(self, ctx: RunContext, adapter: ModelAdapter, *, model_name: str) -> None:
+        self.ctx = ctx
+        self.adapter = adapter
+        self.model_name = model_name
+        self._first_token = False
+        self._first_tool = False
+        self._bg: set[asyncio.Task[None]] = set()
+        self.state = AgentState()
+
+    async def run(self, state: AgentState | None = None) -> Outcome:
+        """Execute the run (from the start, or resumed from a checkpoint) and
+        end it. Never raises but CancelledError (ownership lost)."""
+        ctx = self.ctx
+        try:
+            try:
+                if state is None:
+                    await self._begin()
+                    await self._loop()
+                else:
+                    await self._resume(state)
+                await self._end(
+                    events.RunEnd(status="completed", usage=_usage(self.state.usage)), None
+                )
+                return "completed"
+            except Stopped:
+                await self._end_aborted()
+                return "aborted"
+            except RunFailure as f:
+                await self._end_failed(f)
+                return "failed"
+            except Released:
+                return "released"
+            except Exception as e:
+                if isinstance(e, errors.RunlogError):
+                    raise
+                log.exception("run %s: unexpected error", ctx.run.run_id)
+                await self._end_failed(RunFailure("internal"))
+                return "failed"
+        except (errors.StaleEpoch, errors.RunEnded):
+            log.info("run %s: ownership lost; another worker has it", ctx.run.run_id)
+            return "lost"
+        except errors.RunlogError as e:
+            # PostgreSQL unreachable for longer than db_retry_s: stop writing;
+            # the lease runs out and another worker ends or resumes the run.
+            log.warning("run %s: cannot write (%s); leaving it to a takeover", ctx.run.run_id, e)
+            return "lost"
+
+    # -- start and resume
+
+    async def _begin(self) -> None:
+        ctx = self.ctx
+        run = ctx.run
+        ctx.start_clock(0.0)
+        self.state = AgentState(trace_id=secrets.token_hex(16))
+        if ctx.writer.last_seq == 0:
+            await ctx.append(
+                events.RunStart(
+                    trace_id=self.state.trace_id,
+                    model=run.model or self.model_name,
+                    started_by=run.started_by,
+                    input=run.input,
+                )
+            )
+            self._observe_first_event()
+        if ctx.settings.system_prompt:
+            self.state.messages.append(Message(role="system", content=ctx.settings.system_prompt))
+        self.state.messages.append(Message(role="user", content=run.input))
+
+    async def _resume(self, state: AgentState) -> None:
+        """Continue a run taken over while it waited for an approval."""
+        ctx = self.ctx
+        self.state = state
+        ctx.start_clock(state.active_s)
+        ctx.produced_output = state.at_seq > 1
+        await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
+        if state.approval_id and state.pending:
+            decision = await wait_and_record(ctx, state)
+            await run_tool_call(ctx, state, state.pending[0], decision)
+            state.pending.pop(0)
+        await self._run_pending()
+        await self._loop()
+
+    # -- the loop
+
+    async def _loop(self) -> None:
+        ctx = self.ctx
+        state = self.state
+        while True:
+            ctx.check_halt()
+            if state.step >= ctx.settings.max_steps:
+                raise RunFailure("step_limit")
+            state.step += 1
+            request = ModelRequest(
+                messages=list(state.messages),
+                tools=ctx.registry.specs(),
+                model=ctx.run.model,
+                max_tokens=ctx.settings.model_max_tokens,
+            )
+            turn = _Turn()
+            await ctx.guard(
+                self._stream_turn(request, turn),
+                timeout_s=None,  # the turn times out between items, inside
+                code="model_timeout",
+                on_cancelled=self._observe_abort,
+            )
+            if turn.finish is None:
+                raise RunFailure("model_malformed", "the model stream ended early", retryable=True)
+            u = turn.finish.usage
+            state.usage = Usage(
+                input_tokens=state.usage.input_tokens + u.input_tokens,
+                output_tokens=state.usage.output_tokens + u.output_tokens,
+                reasoning_tokens=state.usage.reasoning_tokens + u.reasoning_tokens,
+            )
+            calls = [
+                ToolCall(id=cid, name=name, arguments="".join(chunks) or "{}")
+                for cid, (name, chunks) in turn.calls.items()
+            ]
+            state.messages.append(
+                Message(role="assistant", content="".join(turn.text), tool_calls=calls)
+            )
+            if not calls:
+                if turn.finish.reason == "length":
+                    await ctx.append(
+                        events.Status(code="truncated", summary="the model hit its token limit")
+                    )
+                return
+            state.pending = calls
+            await self._run_pending()
+
+    async def _run_pending(self) -> None:
+        state = self.state
+        while state.pending:
+            await run_tool_call(self.ctx, state, state.pending[0])
+            state.pending.pop(0)
+            self.ctx.check_halt()  # a tool that could not be cancelled has finished
+
+    async def _stream_turn(self, request: ModelRequest, turn: _Turn) -> None:
+        timeout_s = self.ctx.settings.model_timeout_s
+        loop = asyncio.get_running_loop()
+        stream = self.adapter.stream(request)
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async with asyncio.timeout(timeout_s) as cm:
+                    async for item in stream:
+                        cm.reschedule(loop.time() + timeout_s)
+                        await self._on_item(item, turn)
+                        if turn.finish is not None:
+                            break
+        except TimeoutError:
+            self.ctx.metrics.stalled_streams.inc()
+            raise RunFailure("model_timeout") from None
+        except ModelError as e:
+            raise RunFailure(e.code, e.message, retryable=e.retryable) from None
+
+    async def _on_item(self, item: ModelItem, turn: _Turn) -> None:
+        ctx = self.ctx
+        match item:
+            case TextChunk(text=text):
+                if text:
+                    turn.text.append(text)
+                    self._token_seen()
+                    await ctx.append(events.TextDelta(message_id=turn.message_id, delta=text))
+            case ReasoningChunk(text=text):
+                if text:
+                    self._token_seen()
+                    await ctx.append(events.ReasoningDelta(message_id=turn.message_id, delta=text))
+            case ToolCallBegin(id=call_id, name=name):
+                if turn.text and ctx.settings.discard_text_before_tools and not turn.reset_done:
+                    await ctx.append(events.MessageReset(message_id=turn.message_id))
+                    turn.reset_done = True
+                    turn.message_id = ids.new_id("m")
+                tool = ctx.registry.get(name)
+                turn.calls[call_id] = (name, [])
+                if not self._first_tool:
+                    self._first_tool = True
+                    self._observe_since_created(ctx.metrics.time_to_first_tool_card)
+                await ctx.append(
+                    events.ToolCallStart(
+                        tool_call_id=call_id,
+                        tool_name=name,
+                        risk_level=tool.risk if tool is not None else "low",
+                    )
+                )
+            case ToolArgsChunk(id=call_id, json=partial):
+                if partial and call_id in turn.calls:
+                    turn.calls[call_id][1].append(partial)
+                    await ctx.append(
+                        events.ToolArgsDelta(tool_call_id=call_id, partial_json=partial)
+                    )
+            case ToolCallDone(id=call_id):
+                if call_id in turn.calls:
+                    await ctx.append(events.ToolCallEnd(tool_call_id=call_id))
+            case Finish():
+                turn.finish = item
+
+    # -- ending
+
+    async def _end(self, last: events.RunEnd, error: events.RunError | None) -> None:
+        ctx = self.ctx
+        if error is not None:
+            await ctx.append(error)
+        await ctx.append(last)
+        await ctx.writer.flush()
+        ctx.metrics.events_per_run.observe(ctx.writer.last_seq)
+
+    async def _end_aborted(self) -> None:
+        ctx = self.ctx
+        stop = ctx.signals.stop
+        assert stop is not None
+        at_seq = ctx.writer.last_seq
+        await ctx.append(
+            events.InterruptRequested(requested_by=stop.requested_by, reason=stop.reason)
+        )
+        audit = events.StopAudit(
+            requested_by=stop.requested_by,
+            requested_at=stop.requested_at_ms,
+            reason=stop.reason,
+            at_seq=at_seq,
+            step=self.state.step,
+            side_effects=list(self.state.side_effects),
+        )
+        await self._end(
+            events.RunEnd(status="aborted", usage=_usage(self.state.usage), stop=audit), None
+        )
+        if ctx.produced_output:
+            ctx.metrics.partial_persist.inc()
+
+    async def _end_failed(self, f: RunFailure) -> None:
+        self.ctx.metrics.errors.labels(self.ctx.metrics.error_label(f.code)).inc()
+        await self._end(
+            events.RunEnd(status="failed", usage=_usage(self.state.usage)),
+            events.RunError(code=f.code, retryable=f.retryable, message=f.message),
+        )
+
+    # -- metrics
+
+    def _token_seen(self) -> None:
+        if not self._first_token:
+            self._first_token = True
+            self._observe_since_created(self.ctx.metrics.time_to_first_token)
+
+    def _observe_since_created(self, histogram: object) -> None:
+        created_ms = self.ctx.run.created_at_ms
+        histogram.observe(max(0.0, (self.ctx.now_ms() - created_ms) / 1000))  # type: ignore[attr-defined]
+
+    def _observe_first_event(self) -> None:
+        async def observe() -> None:
+            try:
+                await self.ctx.writer.flush()
+            except errors.RunlogError:
+                return
+            self._observe_since_created(self.ctx.metrics.time_to_first_event)
+
+        task = asyncio.create_task(observe())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _observe_abort(self) -> None:
+        stop = self.ctx.signals.stop
+        if stop is not None:
+            self.ctx.metrics.abort_propagation.observe(time.monotonic() - stop.received_mono)
+
+
+def _usage(u: Usage) -> events.Usage:
+    return events.Usage(
+        input_tokens=u.input_tokens,
+        output_tokens=u.output_tokens,
+        reasoning_tokens=u.reasoning_tokens,
+    )

@@ -1,0 +1,43 @@
+"""`runlog worker`: one worker process, until SIGTERM/SIGINT, then drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from broker import errors
+from broker.runtime import Broker
+from broker.settings import Settings
+
+from .http import start_http
+from .worker import Worker
+
+log = logging.getLogger("runlog.worker")
+
+
+async def serve(settings: Settings, stop: asyncio.Event, *, concurrency: int | None = None) -> None:
+    """Run a worker until `stop` is set, then drain it and disconnect."""
+    if not settings.nats_url or not settings.database_url:
+        raise errors.ClientError(
+            "RUNLOG_NATS_URL and RUNLOG_DATABASE_URL must be set for `runlog worker`",
+            hint="`runlog up` runs an embedded stack with a worker",
+        )
+    registry = CollectorRegistry()
+    broker = await Broker.connect(settings, registry=registry, name="runlog-worker")
+    worker = Worker(broker, settings, concurrency=concurrency, registry=registry)
+    runner: web.AppRunner | None = None
+    try:
+        await worker.start()
+        if settings.worker_metrics_port:
+            runner = await start_http(worker, settings.gateway_host, settings.worker_metrics_port)
+        print(f"runlog worker {worker.worker_id} ready", flush=True)
+        await stop.wait()
+        log.info("stopping: draining")
+    finally:
+        await worker.close()
+        if runner is not None:
+            await runner.cleanup()
+        await broker.close()

@@ -1,0 +1,79 @@
+"""What a worker does with a run it took over (its owner's lease ran out).
+
+The new owner holds a higher epoch, so the old one, if it is still alive
+(paused, partitioned), can append nothing more. Then, in this order:
+
+| the run | outcome |
+|---|---|
+| nothing in its log yet (the owner died before `run_start` committed), at most two restarts | `restarted`: executed from the start |
+| checkpointed while waiting for an approval, and the log still ends where the checkpoint was taken | `resumed`: waits for (or finds) the decision, then goes on |
+| a stop was requested | `aborted`: `interrupt_requested` + `run_end` aborted, with the audit |
+| anything else (it was streaming or running a tool) | `failed`: `run_error` worker_lost (retryable) + `run_end` failed |
+
+A half-streamed model turn cannot be resumed (the provider's stream is
+gone), and a tool that may have run must not run twice, hence `failed`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from broker import events
+from broker.log import RunWriter
+from broker.store import Ownership, Store
+
+from .errors import RunFailure
+from .metrics import WorkerMetrics
+from .state import AgentState, decode_state
+
+# claim_queued gives epoch 1; restarts of an empty run stop after epoch 3,
+# so a run that kills its worker before its first event cannot loop forever.
+_MAX_RESTART_EPOCH = 3
+
+
+class TakeoverPlan(NamedTuple):
+    outcome: str  # resumed | restarted | aborted | failed
+    run: bool  # execute it (from `state`, or from the start if None)
+    state: AgentState | None
+    stop: tuple[str, int, str] | None
+
+    async def end(self, writer: RunWriter, metrics: WorkerMetrics) -> None:
+        if self.stop is not None:
+            by, at_ms, reason = self.stop
+            at_seq = writer.last_seq
+            await writer.append(events.InterruptRequested(requested_by=by, reason=reason))
+            audit = events.StopAudit(
+                requested_by=by,
+                requested_at=at_ms,
+                reason=reason,
+                at_seq=at_seq,
+                step=self.state.step if self.state else 0,
+                side_effects=list(self.state.side_effects) if self.state else [],
+            )
+            await writer.append(events.RunEnd(status="aborted", stop=audit))
+        else:
+            f = RunFailure("worker_lost")
+            metrics.errors.labels(f.code).inc()
+            await writer.append(
+                events.RunError(code=f.code, retryable=f.retryable, message=f.message)
+            )
+            await writer.append(events.RunEnd(status="failed"))
+        await writer.flush()
+
+
+async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
+    stop = await store.interrupt_request(own.run_id)
+    raw = await store.load_checkpoint(own.run_id)
+    state = decode_state(raw) if raw else None
+    info = await store.get_run(own.run_id)
+    if own.last_seq == 0 and own.epoch <= _MAX_RESTART_EPOCH:
+        return TakeoverPlan("restarted", True, None, stop)
+    if (
+        state is not None
+        and info.status == "waiting_approval"
+        and state.approval_id
+        and state.pending
+        and state.at_seq == own.last_seq
+    ):
+        return TakeoverPlan("resumed", True, state, stop)
+    return TakeoverPlan("aborted" if stop else "failed", False, state, stop)

@@ -1,0 +1,243 @@
+"""One tool call: approval (for high-risk tools), execution, result.
+
+Approval, step by step (every step survives the worker's death):
+
+1. the approval row is created in PostgreSQL (id, expiry);
+2. `approval_required` is appended and flushed;
+3. the agent state is checkpointed under the owner's epoch, run status
+   `waiting_approval`, recording the log's last seq;
+4. the worker waits for the decision: the control message, a poll of
+   PostgreSQL every `approval_poll_s`, or the expiry;
+5. `approval_decided` is appended and flushed, then the checkpoint cleared
+   (status back to `running`);
+6. approve → the tool runs; reject → tool_result `denied`; expired →
+   tool_result `skipped` ("approval expired"). The run goes on either way.
+
+A takeover resumes at step 4 only if the log still ends at the seq the
+checkpoint recorded; past step 5 nothing is resumed (the tool may have run),
+the run is ended with `worker_lost`. So `approval_decided` is never written
+twice and a tool never runs twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import asyncpg
+import msgspec
+
+from broker import approvals, errors, events, ids
+from broker.store import TRANSIENT_DB_ERRORS
+
+from .context import Released, RunContext, Stopped
+from .errors import RunFailure, ToolError
+from .model import Message, ToolCall
+from .signals import DecisionInfo
+from .state import AgentState, encode_state
+from .tools import Tool, ToolOutput
+
+
+class _ToolCtx:
+    def __init__(self, ctx: RunContext, tool_call_id: str) -> None:
+        self._ctx = ctx
+        self.run_id = ctx.run.run_id
+        self.tool_call_id = tool_call_id
+
+    async def progress(self, label: str, done: int, total: int) -> None:
+        await self._ctx.append(events.Progress(label=label, done=done, total=total))
+
+
+log = logging.getLogger(__name__)
+
+
+async def run_tool_call(
+    ctx: RunContext, state: AgentState, call: ToolCall, decided: DecisionInfo | None = None
+) -> None:
+    """Run one call of `state.pending`; its result is appended to the log and
+    to the conversation. Raises Stopped, Released or RunFailure."""
+    tool = ctx.registry.get(call.name)
+    if tool is None:
+        await _result(ctx, state, call, "error", f"unknown tool {call.name!r}")
+        return
+    try:
+        args = msgspec.json.decode(call.arguments or "{}")
+    except msgspec.DecodeError:
+        args = None
+    if not isinstance(args, dict):
+        await _result(ctx, state, call, "error", "the arguments are not a JSON object")
+        return
+    if tool.risk == "high" and decided is None:
+        decided = await request_approval(ctx, state, call, tool)
+    if decided is not None and decided.decision == "reject":
+        by = f" by {decided.decided_by}" if decided.decided_by else ""
+        reason = decided.comment or "the approver rejected this call"
+        await _result(ctx, state, call, "denied", f"denied{by}", model_text=f"denied: {reason}")
+        return
+    if decided is not None and decided.decision == "expired":
+        await _result(
+            ctx, state, call, "skipped", "approval expired", model_text="skipped: approval expired"
+        )
+        return
+    await _execute(ctx, state, call, tool, args)
+
+
+async def _execute(
+    ctx: RunContext, state: AgentState, call: ToolCall, tool: Tool, args: dict[str, object]
+) -> None:
+    if tool.side_effects:
+        state.side_effects.append(call.id)
+    t0 = time.monotonic()
+    try:
+        out = await ctx.guard(
+            tool.fn(args, _ToolCtx(ctx, call.id)),
+            timeout_s=ctx.settings.tool_timeout_s,
+            code="tool_timeout",
+            cancellable=tool.cancellable,
+        )
+    except ToolError as e:
+        out = ToolOutput(e.message, status="error")
+    except RunFailure as f:
+        summary = "timed out" if f.code in ("tool_timeout", "run_timeout") else "cancelled"
+        await _result(ctx, state, call, "error", summary)
+        raise
+    except Stopped:
+        await _result(ctx, state, call, "error", "cancelled: the run was stopped")
+        raise
+    except (errors.RunlogError, Released):
+        raise
+    except Exception:
+        log.exception("tool %s failed", tool.name)
+        out = ToolOutput(f"{tool.name} failed", status="error")
+    finally:
+        ctx.metrics.tool_seconds.labels(ctx.metrics.tool_label(tool.name)).observe(
+            time.monotonic() - t0
+        )
+    await _result(ctx, state, call, out.status, out.summary, raw=out.raw)
+
+
+async def _result(
+    ctx: RunContext,
+    state: AgentState,
+    call: ToolCall,
+    status: events.ToolStatus,
+    summary: str,
+    *,
+    raw: str = "",
+    model_text: str = "",
+) -> None:
+    output = raw if (ctx.settings.tool_raw_output and raw) else None
+    await ctx.append(
+        events.ToolResult(tool_call_id=call.id, status=status, summary=summary, output=output)
+    )
+    if not model_text:
+        model_text = (raw or summary) if status == "ok" else f"{status}: {summary}"
+    state.messages.append(
+        Message(role="tool", content=model_text, tool_call_id=call.id, name=call.name)
+    )
+
+
+# -- approvals
+
+
+async def request_approval(
+    ctx: RunContext, state: AgentState, call: ToolCall, tool: Tool
+) -> DecisionInfo:
+    s = ctx.settings
+    approval_id = ids.approval_id()
+    expires_at = ctx.now_ms() + int(s.approval_timeout_s * 1000)
+    summary = tool.approval_summary(call.arguments)
+    await approvals.create(
+        ctx.store.pool,
+        approval_id=approval_id,
+        run_id=ctx.run.run_id,
+        tool_call_id=call.id,
+        summary=summary,
+        expires_at_ms=expires_at,
+    )
+    await ctx.append(
+        events.ApprovalRequired(
+            approval_id=approval_id, tool_call_id=call.id, summary=summary, expires_at=expires_at
+        )
+    )
+    await ctx.writer.flush()
+    state.approval_id = approval_id
+    state.approval_expires_at = expires_at
+    state.at_seq = ctx.writer.last_seq
+    state.active_s = ctx.used_s()
+    w = ctx.writer
+    if not await ctx.store.save_checkpoint(
+        w.run_id, w.epoch, encode_state(state), "waiting_approval"
+    ):
+        raise errors.StaleEpoch(f"run {w.run_id}: ownership lost before the checkpoint")
+    return await wait_and_record(ctx, state)
+
+
+async def wait_and_record(ctx: RunContext, state: AgentState) -> DecisionInfo:
+    """Wait for the decision on `state.approval_id`, then log it (once)."""
+    m = ctx.metrics
+    ctx.pause_clock()
+    m.approvals_waiting.inc()
+    try:
+        decision = await _wait_decision(ctx, state.approval_id, state.approval_expires_at)
+    finally:
+        m.approvals_waiting.dec()
+        ctx.resume_clock()
+    m.approvals.labels(decision.decision).inc()
+    await ctx.append(
+        events.ApprovalDecided(
+            approval_id=state.approval_id,
+            decision=decision.decision,  # type: ignore[arg-type]
+            decided_by=decision.decided_by,
+            comment=decision.comment,
+        )
+    )
+    await ctx.writer.flush()
+    state.approval_id = ""
+    w = ctx.writer
+    if not await ctx.store.save_checkpoint(w.run_id, w.epoch, None, "running"):
+        raise errors.StaleEpoch(f"run {w.run_id}: ownership lost after the decision")
+    return decision
+
+
+async def _wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -> DecisionInfo:
+    sig = ctx.signals
+    pool = ctx.store.pool
+    poll_s = ctx.settings.approval_poll_s
+    loop = asyncio.get_running_loop()
+    next_poll = 0.0  # poll at once: the decision may already be stored
+    while True:
+        sig.changed.clear()
+        if sig.stop is not None:
+            raise Stopped()
+        if sig.release_waiting:
+            raise Released()
+        if sig.drain_end:
+            raise RunFailure("worker_draining")
+        got = sig.decisions.get(approval_id)
+        if got is not None:
+            return got
+        try:
+            if ctx.now_ms() >= expires_at_ms:
+                info = await approvals.expire(pool, approval_id)
+                if info.decision is not None:
+                    return DecisionInfo(info.decision, info.decided_by or "system", info.comment)
+                next_poll = loop.time() + poll_s  # PostgreSQL's clock is behind ours
+            elif loop.time() >= next_poll:
+                info = await approvals.get(pool, approval_id)
+                if info.decision is not None:
+                    return DecisionInfo(info.decision, info.decided_by or "", info.comment)
+                next_poll = loop.time() + poll_s
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            log.warning("approval %s: cannot read its state (%s); retrying", approval_id, e)
+            next_poll = loop.time() + poll_s
+        until_expiry = (expires_at_ms - ctx.now_ms()) / 1000
+        wait_s = max(
+            0.01, min(next_poll - loop.time(), until_expiry if until_expiry > 0 else poll_s)
+        )
+        try:
+            async with asyncio.timeout(wait_s):
+                await sig.changed.wait()
+        except TimeoutError:
+            pass

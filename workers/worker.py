@@ -1,0 +1,344 @@
+"""`Worker`: takes run jobs, owns runs, executes them, hands them over.
+
+Job intake: a durable pull consumer (`runlog-workers`) on the JOBS stream, a
+work queue shared by every worker; each fetch asks for as many jobs as the
+worker has free slots (`concurrency`). For a job:
+
+1. an earlier run of the same session is still active (session run policy
+   'enqueue') → the job is nak'ed with a short delay and comes back later;
+2. `claim_queued` takes the run (epoch + lease) → None means another worker
+   has it or it ended: the job is acked and dropped;
+3. the job is acked, then the run executes (`agent.py`).
+
+Ownership: one lease per owned run, renewed every `lease_s / 3`
+(`lease.py`); a lost lease cancels the run at once. Every
+`reaper_interval_s` each worker looks for runs whose lease ran out and takes
+them over (`takeover.py`), and re-sends jobs of runs queued for longer than
+`stale_queued_s` (a job message lost between PostgreSQL and JetStream).
+
+Takeover bound: a dead worker's runs are taken over within `lease_s +
+reaper_interval_s` (17 s by default) of its last renewal; a drained worker's
+waiting runs within `reaper_interval_s`.
+
+Drain (SIGTERM): no new jobs; runs waiting for an approval are released at
+once (another worker resumes them from their checkpoint); streaming runs get
+`drain_timeout_s` to finish; the rest are ended with run_error
+`worker_draining` (retryable) + run_end failed. Every event appended before
+is committed before the worker exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import NamedTuple
+
+import asyncpg
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import api
+from prometheus_client import CollectorRegistry
+
+from broker import control
+from broker.constants import JOBS_STREAM, JOBS_SUBJECT
+from broker.runtime import Broker
+from broker.settings import Settings
+from broker.store import TRANSIENT_DB_ERRORS, Ownership
+
+from .adapters.factory import close_adapter, make_adapter, model_name
+from .agent import Agent, Outcome
+from .context import RunContext
+from .follower import ControlFollower
+from .lease import keep_lease
+from .metrics import WorkerMetrics
+from .model import ModelAdapter
+from .signals import RunSignals
+from .state import AgentState
+from .takeover import plan_takeover
+from .tools import ToolRegistry, load_tools
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "runlog-workers"
+_JOB_ACK_WAIT_S = 10.0
+_FETCH_TIMEOUT_S = 1.0
+
+
+class _Owned(NamedTuple):
+    ownership: Ownership
+    signals: RunSignals
+    task: asyncio.Task[None]
+
+
+class Worker:
+    def __init__(
+        self,
+        broker: Broker,
+        settings: Settings,
+        *,
+        concurrency: int | None = None,
+        registry: CollectorRegistry | None = None,
+        adapter: ModelAdapter | None = None,
+        tools: ToolRegistry | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.concurrency = max(1, concurrency or settings.worker_concurrency)
+        self.worker_id = worker_id or settings.worker_id or _default_id()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._adapter = adapter
+        self._tools = tools
+        self.metrics: WorkerMetrics | None = None
+        self._runs: dict[str, _Owned] = {}
+        self._slot_freed = asyncio.Event()
+        self._draining = False
+        self._closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._psub: object | None = None
+
+    @property
+    def active_runs(self) -> list[str]:
+        return list(self._runs)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    async def start(self) -> None:
+        if self._tools is None:
+            self._tools = load_tools(self.settings.tools)
+        if self._adapter is None:
+            self._adapter = make_adapter(self.settings)
+        self.metrics = WorkerMetrics(self.registry, self._tools.names())
+        self._psub = await self.broker.bus.js.pull_subscribe(
+            JOBS_SUBJECT,
+            durable=CONSUMER,
+            stream=JOBS_STREAM,
+            config=api.ConsumerConfig(
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=_JOB_ACK_WAIT_S,
+                max_deliver=-1,
+                max_ack_pending=10000,
+            ),
+        )
+        self._tasks = [
+            asyncio.create_task(self._intake_loop(), name="runlog-worker-intake"),
+            asyncio.create_task(self._reaper_loop(), name="runlog-worker-reaper"),
+        ]
+        log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Stop taking jobs; release waiting runs; let the others finish within
+        `timeout_s` (default drain_timeout_s), then end them (worker_draining)."""
+        if self._draining:
+            return
+        self._draining = True
+        timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        # The intake loop notices the flag within one fetch (≤ 1 s) and naks
+        # anything it fetched meanwhile; the reaper stops at once.
+        for t in self._tasks:
+            if t.get_name() == "runlog-worker-reaper":
+                t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for owned in self._runs.values():
+            owned.signals.release()
+        pending = [o.task for o in self._runs.values()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=timeout_s)
+            if still:
+                log.info("drain: ending %d run(s) still running", len(still))
+                for owned in list(self._runs.values()):
+                    owned.signals.end_for_drain()
+                _, stuck = await asyncio.wait(still, timeout=10.0)
+                for t in stuck:  # cannot write (PostgreSQL down?): a takeover ends them
+                    t.cancel()
+                await asyncio.gather(*stuck, return_exceptions=True)
+        log.info("worker %s drained", self.worker_id)
+
+    async def close(self) -> None:
+        """Drain (if not done), then let go of NATS resources and the adapter.
+        The broker is the caller's to close."""
+        if self._closed:
+            return
+        await self.drain()
+        self._closed = True
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            try:
+                await psub.unsubscribe()  # type: ignore[attr-defined]
+            except (nats.errors.Error, OSError, TimeoutError):
+                pass
+        if self._adapter is not None:
+            await close_adapter(self._adapter)
+
+    # -- intake
+
+    async def _intake_loop(self) -> None:
+        assert self._psub is not None
+        while not self._draining:
+            free = self.concurrency - len(self._runs)
+            if free <= 0:
+                self._slot_freed.clear()
+                try:
+                    async with asyncio.timeout(_FETCH_TIMEOUT_S):
+                        await self._slot_freed.wait()
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                msgs = await self._psub.fetch(batch=free, timeout=_FETCH_TIMEOUT_S)  # type: ignore[attr-defined]
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            except (nats.errors.Error, OSError) as e:
+                log.warning("job fetch failed: %s", e)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                try:
+                    await self._take_job(msg)
+                except (nats.errors.Error, OSError, TimeoutError) as e:
+                    log.warning("job ack failed: %s (it will be redelivered)", e)
+
+    async def _take_job(self, msg: Msg) -> None:
+        m = self.metrics
+        assert m is not None
+        if self._draining:
+            await msg.nak()
+            return
+        try:
+            job = control.decode_job(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.error("undecodable job message; dropped")
+            m.jobs.labels("bad").inc()
+            await msg.term()
+            return
+        store = self.broker.store
+        try:
+            if await store.earlier_active_runs(job.session_id, job.run_id):
+                m.jobs.labels("deferred").inc()
+                await msg.nak(delay=self.settings.worker_enqueue_retry_s)
+                return
+            own = await store.claim_queued(job.run_id, self.worker_id, self.settings.worker_lease_s)
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            log.warning("job %s: PostgreSQL unavailable (%s); offered again later", job.run_id, e)
+            await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+        if own is None:
+            m.jobs.labels("duplicate").inc()
+            return
+        m.jobs.labels("started").inc()
+        self._spawn(own, None)
+
+    # -- execution
+
+    def _spawn(self, own: Ownership, state: AgentState | None) -> None:
+        signals = RunSignals()
+        task = asyncio.create_task(self._execute(own, signals, state), name=f"run-{own.run_id}")
+        self._runs[own.run_id] = _Owned(own, signals, task)
+        assert self.metrics is not None
+        self.metrics.runs_active.set(len(self._runs))
+
+    async def _execute(self, own: Ownership, signals: RunSignals, state: AgentState | None) -> None:
+        b = self.broker
+        m = self.metrics
+        assert m is not None and self._adapter is not None and self._tools is not None
+        task = asyncio.current_task()
+        assert task is not None
+        follower = ControlFollower(b.bus, own.run_id, signals)
+        lease: asyncio.Task[None] | None = None
+        outcome: Outcome = "lost"
+        try:
+            lease = asyncio.create_task(
+                keep_lease(b.store, own, self.settings.worker_lease_s, signals, task.cancel)
+            )
+            await follower.start()
+            stop = await b.store.interrupt_request(own.run_id)
+            if stop is not None:
+                signals.request_stop(*stop)
+            run = await b.store.get_run(own.run_id)
+            ctx = RunContext(
+                writer=b.writer(own),
+                run=run,
+                signals=signals,
+                store=b.store,
+                settings=self.settings,
+                metrics=m,
+                registry=self._tools,
+            )
+            agent = Agent(ctx, self._adapter, model_name=model_name(self._adapter, self.settings))
+            outcome = await agent.run(state)
+        except asyncio.CancelledError:
+            log.info("run %s: cancelled (ownership lost or worker closing)", own.run_id)
+        except Exception:
+            log.exception("run %s: could not execute", own.run_id)
+        finally:
+            if lease is not None:
+                lease.cancel()
+                await asyncio.gather(lease, return_exceptions=True)
+            await follower.close()
+            if outcome == "released":
+                await self._release(own)
+            m.runs.labels(outcome).inc()
+            self._runs.pop(own.run_id, None)
+            m.runs_active.set(len(self._runs))
+            self._slot_freed.set()
+
+    async def _release(self, own: Ownership) -> None:
+        try:
+            await self.broker.store.release(own.run_id, own.epoch)
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            log.warning("run %s: release failed (%s); its lease will run out", own.run_id, e)
+
+    # -- takeovers and lost jobs
+
+    async def _reaper_loop(self) -> None:
+        while not self._draining:
+            try:
+                await self._reap_once()
+            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, nats.errors.Error) as e:
+                log.warning("reaper round failed: %s", e)
+            await asyncio.sleep(self.settings.worker_reaper_interval_s)
+
+    async def _reap_once(self) -> None:
+        store = self.broker.store
+        m = self.metrics
+        assert m is not None
+        s = self.settings
+        for run_id in await store.expired_runs():
+            if self._draining:
+                return
+            if run_id in self._runs:
+                continue
+            own = await store.claim_expired(run_id, self.worker_id, s.worker_lease_s)
+            if own is None:
+                m.takeovers.labels("lost_race").inc()
+                continue
+            plan = await plan_takeover(store, own)
+            m.takeovers.labels(plan.outcome).inc()
+            log.info("run %s: taken over (%s)", run_id, plan.outcome)
+            if plan.run:
+                self._spawn(own, plan.state)
+            else:
+                await plan.end(self.broker.writer(own), m)
+        for run_id, session_id in await store.stale_queued_runs(s.worker_stale_queued_s):
+            if await store.earlier_active_runs(session_id, run_id):
+                continue  # waiting its turn, not lost
+            m.jobs.labels("requeued").inc()
+            await self.broker.bus.enqueue_job(
+                control.RunJob(run_id=run_id, session_id=session_id, requested_at=_now_ms())
+            )
+
+
+def _default_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
