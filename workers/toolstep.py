@@ -29,7 +29,7 @@ import asyncpg
 import msgspec
 
 from broker import approvals, errors, events, ids
-from broker.store import TRANSIENT_DB_ERRORS
+from broker.store import TRANSIENT_DB_ERRORS, retry_transient
 
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure, ToolError
@@ -148,13 +148,17 @@ async def request_approval(
     approval_id = ids.approval_id()
     expires_at = ctx.now_ms() + int(s.approval_timeout_s * 1000)
     summary = tool.approval_summary(call.arguments)
-    await approvals.create(
-        ctx.store.pool,
-        approval_id=approval_id,
-        run_id=ctx.run.run_id,
-        tool_call_id=call.id,
-        summary=summary,
-        expires_at_ms=expires_at,
+    await retry_transient(
+        lambda: approvals.create(
+            ctx.store.pool,
+            approval_id=approval_id,
+            run_id=ctx.run.run_id,
+            tool_call_id=call.id,
+            summary=summary,
+            expires_at_ms=expires_at,
+        ),
+        for_s=s.db_retry_s,
+        what="approval create",
     )
     await ctx.append(
         events.ApprovalRequired(
@@ -166,12 +170,18 @@ async def request_approval(
     state.approval_expires_at = expires_at
     state.at_seq = ctx.writer.last_seq
     state.active_s = ctx.used_s()
-    w = ctx.writer
-    if not await ctx.store.save_checkpoint(
-        w.run_id, w.epoch, encode_state(state), "waiting_approval"
-    ):
-        raise errors.StaleEpoch(f"run {w.run_id}: ownership lost before the checkpoint")
+    if not await _checkpoint(ctx, encode_state(state), "waiting_approval"):
+        raise errors.StaleEpoch(f"run {ctx.run.run_id}: ownership lost before the checkpoint")
     return await wait_and_record(ctx, state)
+
+
+async def _checkpoint(ctx: RunContext, data: bytes | None, status: str) -> bool:
+    w = ctx.writer
+    return await retry_transient(
+        lambda: ctx.store.save_checkpoint(w.run_id, w.epoch, data, status),
+        for_s=ctx.settings.db_retry_s,
+        what="checkpoint",
+    )
 
 
 async def wait_and_record(ctx: RunContext, state: AgentState) -> DecisionInfo:
@@ -195,9 +205,8 @@ async def wait_and_record(ctx: RunContext, state: AgentState) -> DecisionInfo:
     )
     await ctx.writer.flush()
     state.approval_id = ""
-    w = ctx.writer
-    if not await ctx.store.save_checkpoint(w.run_id, w.epoch, None, "running"):
-        raise errors.StaleEpoch(f"run {w.run_id}: ownership lost after the decision")
+    if not await _checkpoint(ctx, None, "running"):
+        raise errors.StaleEpoch(f"run {ctx.run.run_id}: ownership lost after the decision")
     return decision
 
 

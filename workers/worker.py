@@ -44,7 +44,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from prometheus_client import CollectorRegistry
 
-from broker import control
+from broker import control, errors
 from broker.constants import JOBS_STREAM, JOBS_SUBJECT
 from broker.runtime import Broker
 from broker.settings import Settings
@@ -222,19 +222,33 @@ class Worker:
         try:
             if await store.earlier_active_runs(job.session_id, job.run_id):
                 m.jobs.labels("deferred").inc()
-                await msg.nak(delay=self.settings.worker_enqueue_retry_s)
+                await msg.nak(delay=self._retry_delay(msg))
                 return
             own = await store.claim_queued(job.run_id, self.worker_id, self.settings.worker_lease_s)
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
             log.warning("job %s: PostgreSQL unavailable (%s); offered again later", job.run_id, e)
             await msg.nak(delay=1.0)
             return
-        await msg.ack()
+        try:
+            await msg.ack()
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            # Redelivered later; claim_queued then finds the run taken.
+            log.warning("job %s: ack failed (%s)", job.run_id, e)
         if own is None:
             m.jobs.labels("duplicate").inc()
             return
         m.jobs.labels("started").inc()
         self._spawn(own, None)
+
+    def _retry_delay(self, msg: Msg) -> float:
+        """Offer a deferred job again soon, then less often (a session's earlier
+        run may wait for an approval for a long time)."""
+        base = self.settings.worker_enqueue_retry_s
+        try:
+            delivered = msg.metadata.num_delivered or 1
+        except (ValueError, TypeError, AttributeError):
+            delivered = 1
+        return min(base * delivered, max(base, 2.0))
 
     # -- execution
 
@@ -258,11 +272,14 @@ class Worker:
             lease = asyncio.create_task(
                 keep_lease(b.store, own, self.settings.worker_lease_s, signals, task.cancel)
             )
-            await follower.start()
-            stop = await b.store.interrupt_request(own.run_id)
+            # Concurrently: they are all on the path to run_start.
+            _, stop, run = await asyncio.gather(
+                follower.start(),
+                b.store.interrupt_request(own.run_id),
+                b.store.get_run(own.run_id),
+            )
             if stop is not None:
                 signals.request_stop(*stop)
-            run = await b.store.get_run(own.run_id)
             ctx = RunContext(
                 writer=b.writer(own),
                 run=run,
@@ -304,6 +321,8 @@ class Worker:
                 await self._reap_once()
             except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, nats.errors.Error) as e:
                 log.warning("reaper round failed: %s", e)
+            except Exception:
+                log.exception("reaper round failed")
             await asyncio.sleep(self.settings.worker_reaper_interval_s)
 
     async def _reap_once(self) -> None:
@@ -320,13 +339,19 @@ class Worker:
             if own is None:
                 m.takeovers.labels("lost_race").inc()
                 continue
-            plan = await plan_takeover(store, own)
+            try:
+                plan = await plan_takeover(store, own)
+                log.info("run %s: taken over (%s)", run_id, plan.outcome)
+                if plan.run:
+                    self._spawn(own, plan.state)
+                else:
+                    await plan.end(self.broker.writer(own), m)
+            except errors.RunlogError as e:
+                # Another worker took it meanwhile, or PostgreSQL is away: the
+                # lease we just took runs out and the run is taken over again.
+                log.warning("run %s: takeover failed (%s)", run_id, e)
+                continue
             m.takeovers.labels(plan.outcome).inc()
-            log.info("run %s: taken over (%s)", run_id, plan.outcome)
-            if plan.run:
-                self._spawn(own, plan.state)
-            else:
-                await plan.end(self.broker.writer(own), m)
         for run_id, session_id in await store.stale_queued_runs(s.worker_stale_queued_s):
             if await store.earlier_active_runs(session_id, run_id):
                 continue  # waiting its turn, not lost
