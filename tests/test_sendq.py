@@ -1,0 +1,79 @@
+"""The send queue without servers: bound, coalescing, dropping, cursors."""
+
+from __future__ import annotations
+
+import json
+
+from broker import events
+from broker.store import StoredEvent
+from gateway.frames import EncodedBatch
+from gateway.sendq import SendQueue
+
+
+def stored(seq: int, ev: events.Event, run_id: str = "r_1") -> StoredEvent:
+    ev.run_id, ev.session_id, ev.seq, ev.ts = run_id, "s_1", seq, 0
+    tag = type(ev).__struct_config__.tag
+    assert isinstance(tag, str)
+    return StoredEvent(run_id, seq, seq + 100, tag, events.encode(ev))
+
+
+def batch(*evs: events.Event, first: int = 1) -> EncodedBatch:
+    return EncodedBatch("run:r_1", [stored(first + i, e) for i, e in enumerate(evs)], True)
+
+
+def frames(q: SendQueue) -> list[dict]:
+    return [json.loads(it.render()) for it in q.take()]
+
+
+def test_shared_frames_when_keeping_up() -> None:
+    q = SendQueue(max_bytes=10_000, lag_bytes=5_000)
+    b = batch(events.TextDelta(message_id="m", delta="a"), events.Progress(label="x"))
+    assert q.put_events("ws", b, 0)
+    out = frames(q)
+    assert [f["cursor"] for f in out] == [1, 2] and out[1]["event"]["type"] == "progress"
+    assert b.ws_single()[0] is b.ws_single()[0]  # encoded once, shared
+    assert q.put_events("ws_batch", b, 1)
+    (f,) = frames(q)
+    assert f["type"] == "events" and f["cursor"] == 2 and len(f["events"]) == 1
+
+
+def test_lagging_merges_deltas_and_drops_progress() -> None:
+    q = SendQueue(max_bytes=1_000_000, lag_bytes=10)
+    q.put_message(b'{"type":"pad","x":"xxxxxxxxxxxxxxxx"}')  # now lagging
+    b = batch(
+        events.TextDelta(message_id="m", delta="Hel"),
+        events.TextDelta(message_id="m", delta="lo"),
+        events.Progress(label="p", done=1, total=2),
+        events.TextDelta(message_id="m", delta="!"),
+        events.ToolArgsDelta(tool_call_id="c", partial_json='{"a"'),
+        events.ToolArgsDelta(tool_call_id="c", partial_json=":1}"),
+        events.TextDelta(message_id="other", delta="x"),
+        events.RunEnd(status="completed"),
+    )
+    assert q.put_events("ws", b, 0)
+    out = frames(q)[1:]
+    assert [(f["cursor"], f.get("from")) for f in out] == [(4, 1), (6, 5), (7, None), (8, None)]
+    assert out[0]["event"]["delta"] == "Hello!" and out[0]["event"]["seq"] == 4
+    assert out[1]["event"]["partial_json"] == '{"a":1}'
+    assert q.coalesced == 3 and q.dropped == 1
+
+
+def test_sse_lagging_frames_carry_the_last_cursor() -> None:
+    q = SendQueue(max_bytes=1_000_000, lag_bytes=0)
+    q.put_message(b": x\n\n")
+    b = batch(events.ReasoningDelta(message_id="m", delta="a"),
+              events.ReasoningDelta(message_id="m", delta="b"))  # fmt: skip
+    q.put_events("sse", b, 0)
+    items = q.take()
+    assert items[1].render().startswith(b"id: 2\ndata: ")
+    assert json.loads(items[1].render().split(b"data: ", 1)[1])["delta"] == "ab"
+
+
+def test_bound_is_reported_and_written_bytes_are_released() -> None:
+    q = SendQueue(max_bytes=500, lag_bytes=400)
+    big = events.TextDelta(message_id="m", delta="y" * 300)
+    assert q.put_events("ws", batch(big), 0)
+    assert not q.put_events("ws", batch(big, first=2), 0)  # past the bound
+    for it in q.take():
+        q.written(it)
+    assert q.nbytes == 0
