@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="run the embedded stack (NATS, PostgreSQL, worker, gateway)")
+    up.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    up.add_argument(
+        "--gateways", type=int, default=1,
+        help="gateway processes, on consecutive ports from gateway_port (default 1)",
+    )  # fmt: skip
     Settings.add_arguments(up)
 
     mig = sub.add_parser("migrate", help="apply pending migrations")
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "up":
             from . import up
 
-            asyncio.run(up.run(settings))
+            asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
         print(f"runlog: error [{e.code}]: {e.detail}", file=sys.stderr)
         if e.hint:
@@ -127,4 +132,3 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 
 if __name__ == "__main__":
     main()
-

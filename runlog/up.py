@@ -2,9 +2,12 @@
 
 Starts a real nats-server (JetStream, file store) and a real PostgreSQL under
 the data folder, unless RUNLOG_NATS_URL / RUNLOG_DATABASE_URL point at
-external ones; applies migrations; creates the JetStream streams; prints the
-URLs; and on Ctrl-C or SIGTERM stops every child it started, last started
-first.
+external ones; applies migrations; creates the JetStream streams; then runs
+`--workers N` worker processes and `--gateways M` gateway processes (gateway
+k listens on gateway_port + k: consecutive ports, so each can be reached,
+killed and drained on its own). Prints every URL, and a console link that
+signs you in with a short-lived development token. On Ctrl-C or SIGTERM it
+drains the gateways and workers (SIGTERM), then stops PostgreSQL and NATS.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import signal
+import sys
 
 from broker import migrate
 from broker.embedded import NatsProcess, PostgresProcess
@@ -22,25 +28,28 @@ from .cli import install_stop_signals
 
 log = logging.getLogger("runlog.up")
 
+_CHILD_STOP_S = 30.0
 
-async def run(settings: Settings) -> None:
+
+async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    children: list[NatsProcess | PostgresProcess] = []
+    servers: list[NatsProcess | PostgresProcess] = []
+    children: list[tuple[str, asyncio.subprocess.Process]] = []
     try:
         nats_url = settings.nats_url
         if not nats_url:
             nats = NatsProcess(data_dir / "nats", port=settings.embedded_nats_port)
             await nats.start()
-            children.append(nats)
+            servers.append(nats)
             nats_url = nats.url
         database_url = settings.database_url
         if not database_url:
             pg = PostgresProcess(data_dir / "postgres", port=settings.embedded_postgres_port)
             await pg.start()
-            children.append(pg)
+            servers.append(pg)
             database_url = pg.url
         settings = dataclasses.replace(settings, nats_url=nats_url, database_url=database_url)
         applied = await migrate.apply(database_url)
@@ -48,16 +57,97 @@ async def run(settings: Settings) -> None:
         broker = await Broker.connect(settings, name="runlog-up")
         await broker.close()
 
+        env = {**os.environ, **_env(settings)}
+        for i in range(workers):
+            children.append((f"worker {i + 1}", await _spawn(["worker"], env)))
+        urls = []
+        for i in range(gateways):
+            port = settings.gateway_port + i
+            genv = {**env, "RUNLOG_GATEWAY_PORT": str(port)}
+            children.append((f"gateway :{port}", await _spawn(["gateway"], genv)))
+            urls.append(f"http://{settings.gateway_host}:{port}")
+        await _wait_ready(urls, children)
+
+        from gateway import auth
+
+        token = auth.mint(settings, "you", ttl_s=12 * 3600)
         print("runlog is up", flush=True)
+        print(f"  console:     {urls[0]}/#token={token}", flush=True)
+        for u in urls:
+            print(f"  gateway:     {u}  (REST {u}/v1, WebSocket {u.replace('http', 'ws')}/v1/ws,"
+                  f" metrics {u}/metrics)", flush=True)  # fmt: skip
+        print(f"  workers:     {workers}", flush=True)
         print(f"  NATS:        {nats_url}", flush=True)
         print(f"  PostgreSQL:  {database_url}", flush=True)
         print(f"  data folder: {data_dir}", flush=True)
-        print("Ctrl-C stops everything.", flush=True)
-        await stop.wait()
+        print("The console link signs you in as 'you' for 12 h. Ctrl-C stops everything.",
+              flush=True)  # fmt: skip
+        await _watch(stop, children)
     finally:
-        for child in reversed(children):
+        await _stop_children(children)
+        for server in reversed(servers):
             try:
-                await child.stop()
+                await server.stop()
             except Exception:
-                log.exception("could not stop %s", type(child).__name__)
+                log.exception("could not stop %s", type(server).__name__)
         print("runlog stopped", flush=True)
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    """The settings as RUNLOG_* variables, so child processes see the same ones."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        out["RUNLOG_" + f.name.upper()] = str(getattr(settings, f.name))
+    return out
+
+
+async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(sys.executable, "-m", "runlog.cli", *args, env=env)
+
+
+async def _wait_ready(
+    urls: list[str], children: list[tuple[str, asyncio.subprocess.Process]]
+) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
+        for url in urls:
+            while True:
+                for name, p in children:
+                    if p.returncode is not None:
+                        raise SystemExit(f"runlog up: {name} exited with {p.returncode}")
+                try:
+                    async with http.get(url + "/readyz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+
+
+async def _watch(
+    stop: asyncio.Event, children: list[tuple[str, asyncio.subprocess.Process]]
+) -> None:
+    """Wait for Ctrl-C; if a child dies meanwhile, say so and stop everything."""
+    waits = {asyncio.ensure_future(p.wait()): name for name, p in children}
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
+    for d in done:
+        if d in waits:
+            print(f"runlog up: {waits[d]} exited with {d.result()}; stopping", flush=True)
+    stopper.cancel()
+    for w in waits:
+        w.cancel()
+
+
+async def _stop_children(children: list[tuple[str, asyncio.subprocess.Process]]) -> None:
+    for _, p in children:
+        if p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+    for name, p in children:
+        try:
+            await asyncio.wait_for(p.wait(), _CHILD_STOP_S)
+        except TimeoutError:
+            log.warning("%s did not stop in %.0fs; killing it", name, _CHILD_STOP_S)
+            p.kill()
+            await p.wait()

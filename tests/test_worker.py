@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import aiohttp
 import msgspec
 
 from broker import events
+from broker.embedded import free_port
 from broker.settings import Settings
+from workers.http import start_http
 
+from .helpers import KillableStack, make_settings
 from .test_worker_kit import of, read_run, running_worker, start, stored, text_of
 
 
@@ -130,3 +134,37 @@ async def test_enqueue_policy_runs_a_session_one_run_at_a_time(settings: Setting
     for earlier, later in itertools.pairwise(runs):
         assert earlier[-1].ts <= later[0].ts  # run_end of one before run_start of the next
     assert text_of(runs[2]) == "third"
+
+
+async def test_metrics_and_health_endpoint(settings: Settings) -> None:
+    port = free_port()
+    async with running_worker(settings) as (b, w):
+        runner = await start_http(w, "127.0.0.1", port)
+        try:
+            _, run_id = await start(b, "no tools")
+            await read_run(b, run_id)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                    body = await r.text()
+                    assert r.status == 200
+                assert 'runlog_worker_runs_total{outcome="completed"} 1.0' in body
+                assert "runlog_worker_time_to_first_event_seconds_bucket" in body
+                assert "runlog_events_appended_total" in body  # the broker's, same registry
+                async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                    assert r.status == 200 and (await r.json())["status"] == "ok"
+                await w.drain(timeout_s=0)
+                async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                    assert r.status == 503 and (await r.json())["status"] == "draining"
+        finally:
+            await runner.cleanup()
+
+
+async def test_a_lost_job_is_sent_again(killable: KillableStack) -> None:
+    # The private stack: re-sending jobs of old queued runs must not touch
+    # runs that other tests left queued in the shared one.
+    async with running_worker(make_settings(killable), worker_stale_queued_s=1.0) as (b, w):
+        session_id = await b.store.create_session("alice")
+        run_id = await b.store.create_run(session_id, "alice", input="echo:found")  # no job sent
+        evs = await read_run(b, run_id)
+    assert text_of(evs) == "found" and evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert w.metrics is not None and w.metrics.jobs.labels("requeued")._value.get() >= 1

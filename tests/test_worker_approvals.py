@@ -88,6 +88,7 @@ async def test_two_approvers_racing_make_one_decision(settings: Settings) -> Non
             conflicts = [r for r in results if isinstance(r, errors.ApprovalConflict)]
             assert len(wins) == 1 and len(conflicts) == 1, results
             winner = wins[0][0]
+            assert winner.decision is not None
             # A repeat of the winning decision is a no-op.
             again, created = await b.decide(req.approval_id, winner.decision, "dave")
             assert not created and again.decided_by == winner.decided_by

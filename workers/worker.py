@@ -268,9 +268,13 @@ class Worker:
         follower = ControlFollower(b.bus, own.run_id, signals)
         lease: asyncio.Task[None] | None = None
         outcome: Outcome = "lost"
+
+        def lost() -> None:
+            task.cancel()  # nothing more may be appended by this worker
+
         try:
             lease = asyncio.create_task(
-                keep_lease(b.store, own, self.settings.worker_lease_s, signals, task.cancel)
+                keep_lease(b.store, own, self.settings.worker_lease_s, signals, lost)
             )
             # Concurrently: they are all on the path to run_start.
             _, stop, run = await asyncio.gather(

@@ -165,7 +165,10 @@ class _Turn:
                 "I found three relevant pages. I'll send a short summary to the team."
             ):
                 yield item
-            args = {"to": "team@example.com", "text": f"Summary of what I found on {self.topic}."}
+            args: dict[str, object] = {
+                "to": "team@example.com",
+                "text": f"Summary of what I found on {self.topic}.",
+            }
             async for item in self._calls([("send_message", args)]):
                 yield item
             yield self._finish("tool_calls")

@@ -1,0 +1,129 @@
+"""Pure parts of the worker, without servers: the scripted agent, the tool
+registry, checkpoints, the adapter factory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+
+from broker import errors
+from broker.settings import Settings
+from workers.adapters.factory import make_adapter
+from workers.adapters.scripted import ScriptedAdapter, tokens
+from workers.model import (
+    Finish,
+    Message,
+    ModelError,
+    ModelItem,
+    ModelRequest,
+    TextChunk,
+    ToolArgsChunk,
+    ToolCall,
+    ToolCallBegin,
+    ToolCallDone,
+)
+from workers.state import AgentState, decode_state, encode_state
+from workers.tools import Tool, ToolOutput, load_tools
+
+
+async def _turn(messages: list[Message]) -> list[ModelItem]:
+    adapter = ScriptedAdapter(tokens_per_s=0)
+    return [item async for item in adapter.stream(ModelRequest(messages=messages))]
+
+
+def test_tokens_rebuild_the_text() -> None:
+    for text in ["", "a", "  lead and trail  ", "<b>x</b>\n\ny\tz", "échos — ünïcode"]:
+        assert "".join(tokens(text)) == text
+
+
+async def test_scripted_default_script_turn_by_turn() -> None:
+    user = Message(role="user", content="tell me about leases")
+    first = await _turn([user])
+    begins = [i for i in first if isinstance(i, ToolCallBegin)]
+    assert [b.name for b in begins] == ["search_docs"]
+    args = "".join(i.json for i in first if isinstance(i, ToolArgsChunk))
+    assert msgspec.json.decode(args)["query"] == "leases"
+    assert isinstance(first[-1], Finish) and first[-1].reason == "tool_calls"
+    assert isinstance(first[-2], ToolCallDone)
+
+    call = ToolCall(id=begins[0].id, name="search_docs", arguments=args)
+    history = [
+        user,
+        Message(role="assistant", tool_calls=[call]),
+        Message(role="tool", content="[]", tool_call_id=call.id, name="search_docs"),
+    ]
+    second = await _turn(history)
+    assert [i.name for i in second if isinstance(i, ToolCallBegin)] == ["send_message"]
+
+    send = ToolCall(id="call_2_0", name="send_message", arguments="{}")
+    for outcome, phrase in [
+        ("Message sent", "the summary was sent"),
+        ("denied: no", "I did not send"),
+        ("skipped: approval expired", "Nobody approved in time"),
+    ]:
+        final = await _turn(
+            [
+                *history,
+                Message(role="assistant", tool_calls=[send]),
+                Message(role="tool", content=outcome, tool_call_id=send.id, name="send_message"),
+            ]
+        )
+        text = "".join(i.text for i in final if isinstance(i, TextChunk))
+        assert phrase in text
+        assert isinstance(final[-1], Finish) and final[-1].reason == "stop"
+
+
+async def test_scripted_keywords() -> None:
+    echo = await _turn([Message(role="user", content="echo: <i>hi</i>")])
+    assert "".join(i.text for i in echo if isinstance(i, TextChunk)) == " <i>hi</i>"
+    install = await _turn([Message(role="user", content="how do I install it? no tools")])
+    assert isinstance(install[-1], Finish)  # "install" is not the keyword "stall"
+    with pytest.raises(ModelError) as info:
+        await _turn([Message(role="user", content="please fail model")])
+    assert (info.value.code, info.value.retryable) == ("model_unavailable", True)
+
+
+def test_load_tools_by_import_path() -> None:
+    reg = load_tools("workers.builtin_tools:TOOLS, tests.test_worker_units:EXTRA")
+    assert reg.names() == ["search_docs", "save_note", "send_message", "extra"]
+    assert {reg.get(n).risk for n in reg.names()} == {"low", "medium", "high"}  # type: ignore[union-attr]
+    assert reg.specs()[0].parameters["required"] == ["query"]
+    with pytest.raises(ValueError, match="module:attr"):
+        load_tools("workers.builtin_tools")
+    with pytest.raises(ValueError, match="two tools"):
+        load_tools("workers.builtin_tools:TOOLS,workers.builtin_tools:TOOLS")
+    with pytest.raises(ValueError, match="not a Tool"):
+        load_tools("workers.builtin_tools:search_docs")
+
+
+async def _extra(args: dict[str, object], ctx: object) -> ToolOutput:
+    return ToolOutput("extra ran")
+
+
+EXTRA = Tool(name="extra", description="a test tool", fn=_extra)  # type: ignore[arg-type]
+
+
+def test_checkpoint_round_trip_and_junk() -> None:
+    state = AgentState(
+        messages=[Message(role="user", content="hi")],
+        step=2,
+        pending=[ToolCall(id="c1", name="send_message", arguments="{}")],
+        approval_id="ap_x",
+        at_seq=42,
+        side_effects=["c0"],
+    )
+    assert decode_state(encode_state(state)) == state
+    assert decode_state(b"not json") is None
+    assert decode_state(b'{"step": "two"}') is None
+    # A checkpoint from a worker that knew fewer fields still decodes.
+    assert decode_state(b'{"step": 3}') == AgentState(step=3)
+
+
+def test_adapter_factory() -> None:
+    base = Settings.from_env({})
+    assert make_adapter(base).name == "scripted"
+    with pytest.raises(errors.ClientError) as info:
+        make_adapter(dataclasses.replace(base, model_adapter="nope"))
+    assert info.value.hint
