@@ -114,3 +114,15 @@ async def open_for_run(pool: asyncpg.Pool, run_id: str) -> list[ApprovalInfo]:
         run_id,
     )
     return [ApprovalInfo(*r) for r in rows]
+
+
+async def close_open_for_run(pool: asyncpg.Pool, run_id: str) -> int:
+    """When a run ends while an approval is still open (stopped, failed, taken
+    over): mark it expired, so a late decision gets ApprovalExpired instead of
+    being stored for a run that will never act on it. Returns how many."""
+    status = await pool.execute(
+        "UPDATE approvals SET decision = 'expired', decided_at = now(), decided_by = 'system',"
+        " comment = 'the run ended' WHERE run_id = $1 AND decision IS NULL",
+        run_id,
+    )
+    return int(status.split()[-1])

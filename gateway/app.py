@@ -119,6 +119,7 @@ def build_app(
     r.add_get("/v1/openapi.json", openapi_doc)
     r.add_get("/v1/ws", ws.handle_ws)
     r.add_post("/v1/sessions", rest.create_session)
+    r.add_get("/v1/sessions", rest.list_sessions)
     r.add_get("/v1/sessions/{session_id}", rest.get_session)
     r.add_post("/v1/sessions/{session_id}/members", rest.add_member)
     r.add_post("/v1/sessions/{session_id}/runs", rest.start_run)

@@ -91,7 +91,8 @@ def document() -> dict[str, Any]:
         },
         "paths": {
             "/v1/sessions": {"post": _op("Create a session (you become its owner)",
-                                         body="CreateSession", ok=201)},
+                                         body="CreateSession", ok=201),
+                             "get": _op("Your sessions, newest first")},
             "/v1/sessions/{session_id}": {"get": _op("A session: members, runs, head",
                                                      params=("session_id",))},
             "/v1/sessions/{session_id}/members": {

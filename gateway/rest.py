@@ -97,6 +97,28 @@ async def create_session(request: web.Request) -> web.Response:
     return json_response({"session_id": sid, "run_policy": body.run_policy}, 201)
 
 
+async def list_sessions(request: web.Request) -> web.Response:
+    """The sessions the caller is a member of, newest first (at most 100)."""
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    rows = await gw.broker.store.pool.fetch(
+        "SELECT s.session_id, s.title, m.role, s.last_cursor,"
+        " (extract(epoch FROM s.created_at) * 1000)::bigint"
+        " FROM members m JOIN sessions s USING (session_id)"
+        " WHERE m.user_id = $1 ORDER BY s.created_at DESC LIMIT 100",
+        p.user,
+    )
+    return json_response(
+        {
+            "sessions": [
+                {"session_id": r[0], "title": r[1], "your_role": r[2], "head": r[3],
+                 "created_at": r[4]}
+                for r in rows
+            ]
+        }
+    )  # fmt: skip
+
+
 async def get_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = gw.principal(request)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -52,6 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--ttl-s", type=float, default=None, help="lifetime in seconds")
     Settings.add_arguments(tok)
 
+    tail = sub.add_parser("tail", help="print a run's events live, readably")
+    tail.add_argument("run_id")
+    tail.add_argument("--after", type=int, default=0, help="start after this seq (default 0)")
+    tail.add_argument(
+        "--url", action="append", default=None,
+        help="gateway URL (repeat for failover; default: public_url or gateway_host:port)",
+    )  # fmt: skip
+    tail.add_argument("--token", default=None, help="bearer token (default: $RUNLOG_TOKEN)")
+    tail.add_argument(
+        "--user", default=None, help="mint a development token for this user (needs jwt_secret)"
+    )
+    Settings.add_arguments(tail)
+
     sub.add_parser("settings", help="print every setting (variable, flag, default)")
     return p
 
@@ -76,6 +90,20 @@ def main(argv: list[str] | None = None) -> None:
             asyncio.run(gateway_main.run(settings))
         elif args.command == "worker":
             asyncio.run(_worker(settings, args.concurrency))
+        elif args.command == "tail":
+            from . import tail as tail_mod
+
+            token = args.token or os.environ.get("RUNLOG_TOKEN")
+            if token is None and args.user:
+                from gateway import auth
+
+                token = auth.mint(settings, args.user)
+            if not token:
+                raise errors.Unauthorized("give --token, $RUNLOG_TOKEN or --user")
+            urls = args.url or [
+                settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
+            ]
+            asyncio.run(tail_mod.tail(urls, token, args.run_id, args.after))
         elif args.command == "token":
             from gateway import auth
 

@@ -1,0 +1,103 @@
+"""The Python client and `runlog tail`, against real gateways."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from broker import events
+from broker.runtime import Broker
+from broker.settings import Settings
+from gateway.context import GATEWAY
+from runlog.client import Client, ClientError
+
+from .gw import RunningGateway, append_text, running_gateway, write_run
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gw(settings: Settings) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(settings) as g:
+        yield g
+
+
+async def test_client_rest_and_follow(gw: RunningGateway, broker: Broker) -> None:
+    async with Client(gw.url, gw.token("alice")) as c:
+        sid = await c.create_session("demo")
+        await c.add_member(sid, "bob", "viewer")
+        assert {s["session_id"] for s in await c.list_sessions()} >= {sid}
+        run_id, w = await write_run(broker, sid, 10, end=False)
+        got: list[int] = []
+
+        async def follow() -> None:
+            async for item in c.follow(run_id=run_id, after=3):
+                got.append(item.cursor)
+
+        task = asyncio.create_task(follow())
+        await append_text(w, 10)
+        await w.append(events.RunEnd(status="completed"))
+        await w.flush()
+        await asyncio.wait_for(task, 30)
+        assert got == list(range(4, 22))
+        assert (await c.page(run_id, after=20))["ended"] is True
+    async with Client(gw.url, gw.token("bob")) as viewer:
+        try:
+            await viewer.interrupt(run_id)
+        except ClientError as e:
+            assert e.status == 403 and e.code in ("forbidden",)
+        else:
+            raise AssertionError("a viewer stopped a run")
+
+
+async def test_follow_survives_a_gateway_going_away(settings: Settings, broker: Broker) -> None:
+    async with running_gateway(settings) as g2:
+        g1_ctx = running_gateway(settings)
+        g1 = await g1_ctx.__aenter__()
+        sid = await broker.store.create_session("alice")
+        run_id, w = await write_run(broker, sid, 0, end=False)
+        writer = asyncio.create_task(append_text(w, 1500, pause_every=50, pause_s=0.005))
+        got: list[int] = []
+        async with Client([g1.url, g2.url], g1.token("alice")) as c:
+
+            async def follow() -> None:
+                async for item in c.follow(run_id=run_id):
+                    got.append(item.cursor)
+                    if len(got) == 200:
+                        # The gateway drains (server_draining): resume on the other.
+                        asyncio.get_running_loop().create_task(g1.app[GATEWAY].drain())
+
+            task = asyncio.create_task(follow())
+            await writer
+            await w.append(events.RunEnd(status="completed"))
+            await w.flush()
+            await asyncio.wait_for(task, 60)
+            assert c.reconnects >= 1
+        await g1_ctx.__aexit__(None, None, None)
+        assert got == list(range(1, 1502))
+
+
+async def test_runlog_tail_prints_the_run(gw: RunningGateway, broker: Broker,
+                                          settings: Settings) -> None:  # fmt: skip
+    sid = await broker.store.create_session("alice")
+    run_id = await broker.store.create_run(sid, "alice")
+    w = await broker.claim(run_id, "w")
+    await w.append(events.RunStart(model="demo", started_by="alice"))
+    await w.append(events.TextDelta(message_id="m", delta="Hello "))
+    await w.append(events.TextDelta(message_id="m", delta="world"))
+    await w.append(events.ToolCallStart(tool_call_id="c", tool_name="search", risk_level="low"))
+    await w.append(events.ToolResult(tool_call_id="c", status="ok", summary="3 hits"))
+    await w.append(events.RunEnd(status="completed"))
+    await w.flush()
+    env = {**os.environ, "RUNLOG_JWT_SECRET": settings.jwt_secret}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlog.cli", "tail", run_id, "--url", gw.url, "--user", "alice",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    text = out.decode()
+    assert proc.returncode == 0, err.decode()
+    assert "Hello world" in text and "tool search (low risk)" in text
+    assert "3 hits" in text and "run ended: completed" in text
