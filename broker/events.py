@@ -166,8 +166,8 @@ AnyEvent = (
 )
 
 EVENT_TYPES: frozenset[str] = frozenset(
-    cls.__struct_config__.tag  # type: ignore[misc]
-    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+    cls.__struct_config__.tag
+    for cls in AnyEvent.__args__
 )
 TERMINAL_TYPES = frozenset({"run_end"})
 

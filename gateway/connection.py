@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 
 from .metrics import GatewayMetrics
 from .sendq import Item, Mode, SendQueue
@@ -27,8 +26,6 @@ class Connection:
         mode: Mode,
         queue: SendQueue,
         metrics: GatewayMetrics,
-        *,
-        on_overflow: Callable[[Connection], None] | None = None,
     ) -> None:
         self.user = user
         self.mode = mode
@@ -37,7 +34,6 @@ class Connection:
         self.sent: dict[str, int] = {}  # topic -> last position written
         self.closing = False
         self._writer: asyncio.Task[None] | None = None
-        self._on_overflow = on_overflow
         self.overflowed = False
 
     def start_writer(self) -> None:
@@ -78,8 +74,10 @@ class Connection:
             return
         self.overflowed = True
         self.metrics.slow_disconnects.labels(self.kind).inc()
-        if self._on_overflow is not None:
-            self._on_overflow(self)
+        self.on_overflow()
+
+    def on_overflow(self) -> None:
+        """Disconnect the client (subclasses say how); must not block."""
 
     async def stop_writer(self) -> None:
         if self._writer is not None:

@@ -39,9 +39,8 @@ class SseClient(Connection, ClientLike):
     def __init__(self, gw: Gateway, resp: web.StreamResponse, user: str) -> None:
         s = gw.settings
         super().__init__(
-            user, "sse", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics,
-            on_overflow=lambda c: self._done.set(),
-        )  # fmt: skip
+            user, "sse", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics
+        )
         self.gw = gw
         self.resp = resp
         self.member: Member | None = None
@@ -52,6 +51,9 @@ class SseClient(Connection, ClientLike):
     async def write_frames(self, frames: list[bytes]) -> None:
         await self.resp.write(b"".join(frames))
         self._last_write = asyncio.get_running_loop().time()
+
+    def on_overflow(self) -> None:
+        self._done.set()
 
     async def server_disconnect(self, code: str) -> None:
         self.disconnect_code = code

@@ -58,21 +58,24 @@ class WsClient(Connection, ClientLike):
     def __init__(self, gw: Gateway, ws: web.WebSocketResponse) -> None:
         s = gw.settings
         super().__init__(
-            "", "ws", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics,
-            on_overflow=lambda c: asyncio.get_running_loop().create_task(
-                self.server_disconnect("slow_consumer")
-            ),
-        )  # fmt: skip
+            "", "ws", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics
+        )
         self.gw = gw
         self.ws = ws
         self.members: dict[str, Member] = {}
         self.principal: auth.Principal | None = None
         self._closing_task = False
         self._expiry: asyncio.TimerHandle | None = None
+        self._disconnect_task: asyncio.Task[None] | None = None
 
     async def write_frames(self, frames: list[bytes]) -> None:
         for f in frames:
             await self.ws.send_frame(f, WSMsgType.TEXT)
+
+    def on_overflow(self) -> None:
+        self._disconnect_task = asyncio.get_running_loop().create_task(
+            self.server_disconnect("slow_consumer")
+        )
 
     def reply(self, type_: str, **fields: object) -> None:
         self.queue.put_message(message(type_, **fields))
@@ -153,8 +156,11 @@ class WsClient(Connection, ClientLike):
             self._expiry.cancel()
         delay = max(0.0, p.expires_at - time.time())
         loop = asyncio.get_running_loop()
-        self._expiry = loop.call_later(
-            delay, lambda: loop.create_task(self.server_disconnect("token_expired"))
+        self._expiry = loop.call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._disconnect_task = asyncio.get_running_loop().create_task(
+            self.server_disconnect("token_expired")
         )
 
     async def subscribe(self, msg: protocol.Subscribe) -> None:

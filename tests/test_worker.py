@@ -15,7 +15,7 @@ from broker.settings import Settings
 from workers.http import start_http
 
 from .helpers import KillableStack, make_settings
-from .test_worker_kit import of, read_run, running_worker, start, stored, text_of
+from .test_worker_kit import of, read_run, running_worker, start, stored, text_of, wait_event
 
 
 async def test_scripted_run_streams_identically_to_two_subscribers(settings: Settings) -> None:
@@ -134,6 +134,19 @@ async def test_enqueue_policy_runs_a_session_one_run_at_a_time(settings: Setting
     for earlier, later in itertools.pairwise(runs):
         assert earlier[-1].ts <= later[0].ts  # run_end of one before run_start of the next
     assert text_of(runs[2]) == "third"
+
+
+async def test_interrupt_policy_stops_the_running_run_first(settings: Settings) -> None:
+    async with running_worker(settings, scripted_tokens_per_s=40.0) as (b, _):
+        session_id, first = await start(b, "a long answer")
+        await b.store.set_run_policy(session_id, "interrupt")
+        await wait_event(b, first, "text_delta", count=3)
+        second = await b.start_run(session_id, "bob", input="echo:my turn")
+        old, new = await asyncio.gather(read_run(b, first), read_run(b, second))
+    end = old[-1]
+    assert isinstance(end, events.RunEnd) and end.status == "aborted" and end.stop is not None
+    assert (end.stop.requested_by, end.stop.reason) == ("bob", "superseded by a new run")
+    assert end.ts <= new[0].ts and text_of(new) == "my turn"
 
 
 async def test_metrics_and_health_endpoint(settings: Settings) -> None:

@@ -4,6 +4,8 @@ ends aborted with the audit (real NATS + PostgreSQL; a fake provider)."""
 
 from __future__ import annotations
 
+import pytest
+
 from broker import errors, events
 from broker.runtime import Broker
 from broker.settings import Settings
@@ -86,9 +88,13 @@ async def test_stop_cancels_a_running_tool_and_lists_side_effects(settings: Sett
 async def test_stop_while_waiting_for_approval(settings: Settings) -> None:
     async with running_worker(settings) as (b, _):
         _, run_id = await start(b, "send the report")
-        await wait_event(b, run_id, "approval_required")
+        req = await wait_event(b, run_id, "approval_required")
+        assert isinstance(req, events.ApprovalRequired)
         await b.interrupt(run_id, "carol", "changed my mind")
         evs = await read_run(b, run_id)
+        # The approval closed with the run: a late decision gets a clear error.
+        with pytest.raises(errors.ApprovalExpired):
+            await b.decide(req.approval_id, "approve", "bob")
     audit = _check_abort(evs, "carol", "changed my mind", step=2)
     assert audit.side_effects == []  # send_message never ran
     assert not of(evs, events.ApprovalDecided)

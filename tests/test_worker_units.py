@@ -102,7 +102,7 @@ async def _extra(args: dict[str, object], ctx: object) -> ToolOutput:
     return ToolOutput("extra ran")
 
 
-EXTRA = Tool(name="extra", description="a test tool", fn=_extra)  # type: ignore[arg-type]
+EXTRA = Tool(name="extra", description="a test tool", fn=_extra)
 
 
 def test_checkpoint_round_trip_and_junk() -> None:

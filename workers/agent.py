@@ -26,7 +26,7 @@ import secrets
 import time
 from typing import Literal
 
-from broker import errors, events, ids
+from broker import approvals, errors, events, ids
 
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure
@@ -269,6 +269,8 @@ class Agent:
         await ctx.append(last)
         await ctx.writer.flush()
         ctx.metrics.events_per_run.observe(ctx.writer.last_seq)
+        if self.state.approval_id:  # ended while waiting: nobody will act on it
+            await approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id)
 
     async def _end_aborted(self) -> None:
         ctx = self.ctx

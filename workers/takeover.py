@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from broker import events
+from broker import approvals, events
 from broker.log import RunWriter
 from broker.store import Ownership, Store
 
@@ -37,7 +37,7 @@ class TakeoverPlan(NamedTuple):
     state: AgentState | None
     stop: tuple[str, int, str] | None
 
-    async def end(self, writer: RunWriter, metrics: WorkerMetrics) -> None:
+    async def end(self, store: Store, writer: RunWriter, metrics: WorkerMetrics) -> None:
         if self.stop is not None:
             by, at_ms, reason = self.stop
             at_seq = writer.last_seq
@@ -59,6 +59,7 @@ class TakeoverPlan(NamedTuple):
             )
             await writer.append(events.RunEnd(status="failed"))
         await writer.flush()
+        await approvals.close_open_for_run(store.pool, writer.run_id)
 
 
 async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:

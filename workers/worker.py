@@ -349,7 +349,7 @@ class Worker:
                 if plan.run:
                     self._spawn(own, plan.state)
                 else:
-                    await plan.end(self.broker.writer(own), m)
+                    await plan.end(store, self.broker.writer(own), m)
             except errors.RunlogError as e:
                 # Another worker took it meanwhile, or PostgreSQL is away: the
                 # lease we just took runs out and the run is taken over again.
