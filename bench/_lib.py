@@ -55,6 +55,14 @@ PACKAGES = (
 )
 
 
+# The workload's text: what a model's token stream looks like: short, uneven pieces of text.
+TOKENS = (
+    " The", " quick", " answer", " is", " that", " it", " depends", " on", " the", " context",
+    ",", " and", " we", " should", " first", " check", " which", " tool", " returned", " the",
+    " error", ".", " Let", " me", " look", " at", " the", " logs", " again", "\n",
+)  # fmt: skip
+
+
 # --- the stack -------------------------------------------------------------------
 
 

@@ -1,13 +1,13 @@
 """append: durable append throughput of many concurrent runs, next to the raw limits.
 
 One process plays a worker that owns `--runs` runs spread over `--sessions`
-sessions and streams `--events-per-run` token deltas (~150-byte events) into
+sessions and streams `--events-per-run` token deltas (~165-byte events) into
 each through the product API (`Broker.claim` → `RunWriter.append`), all runs at
 once. Measured from the first append until
 
 - committed: every writer's `flush()` returned (PostgreSQL has every event), and
 - published: the appender's publish backlog is empty (JetStream acked every
-  live-feed message of those commits).
+  live-feed message of those commits that was not dropped from a full backlog).
 
 In the same run and against the same servers, each trial then measures the
 raw limits the append path is built on:
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
 import dataclasses
 import io
@@ -36,11 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-import nats
-import nats.js.errors
-from nats.aio.msg import Msg
-from nats.js import api
 from prometheus_client import CollectorRegistry
 
 from broker import events
@@ -49,22 +43,8 @@ from broker.metrics import BrokerMetrics
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import _lib
+from . import _lib, _raw
 from ._lib import Figure, Stack, Timer, summarize
-
-# What a model's token stream looks like: short, uneven pieces of text.
-TOKENS = (
-    " The", " quick", " answer", " is", " that", " it", " depends", " on", " the", " context",
-    ",", " and", " we", " should", " first", " check", " which", " tool", " returned", " the",
-    " error", ".", " Let", " me", " look", " at", " the", " logs", " again", "\n",
-)  # fmt: skip
-
-RAW_TABLE = "bench_raw"
-RAW_COLUMNS = ("run_id", "seq", "session_id", "cursor", "ts", "type", "payload")
-RAW_STREAM = "RUNLOG_BENCH_RAW"
-RAW_JS_SUBJECT = "runlog-bench.js"
-RAW_CORE_SUBJECT = "runlog-bench.core"
-RAW_MSG_BYTES = 150
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,12 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="setting to sweep, comma-separated: the backlog past which append() waits "
         f"(default: {defaults.max_pending_events})",
     )
-    p.add_argument("--raw-pg-rows", type=int, default=200_000, help="(default: 200000)")
-    p.add_argument("--raw-pg-batch", type=int, default=1000, help="(default: 1000)")
-    p.add_argument("--raw-js-msgs", type=int, default=50_000, help="(default: 50000)")
-    p.add_argument("--raw-js-inflight", type=int, default=256, help="(default: 256)")
-    p.add_argument("--raw-core-msgs", type=int, default=200_000, help="(default: 200000)")
-    p.add_argument("--no-raw", action="store_true", help="skip the raw-limit measurements")
+    _raw.add_arguments(p)
     p.add_argument(
         "--profile",
         type=Path,
@@ -149,11 +124,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 t["append"].append(r)
                 _progress(trial, f"append {_combo_name(combo)}", r)
             if not args.no_raw:
-                t["raw_pg"] = await _raw_pg(st, meter, args)
+                t["raw_pg"] = await _raw.copy_rows(st, meter, args)
                 _progress(trial, "raw pg", t["raw_pg"])
-                t["raw_js"] = await _raw_js(st, meter, args)
+                t["raw_js"] = await _raw.jetstream_publish(st, meter, args)
                 _progress(trial, "raw js", t["raw_js"])
-                t["raw_core"] = await _raw_core(st, meter, args)
+                t["raw_core"] = await _raw.core_pub_sub(st, meter, args)
                 _progress(trial, "raw core nats", t["raw_core"])
             per_trial.append(t)
     return {
@@ -246,6 +221,8 @@ async def _append_trial(
         n_batches = h["batch"]["count"]
         n_committed = h["batch"]["sum"]
         n_messages = _sample(m, "runlog_publish_messages_total") - messages_before
+        # A live message dropped from a full backlog was still built from its batch.
+        n_dropped = _sample(m, "runlog_publish_dropped_total") - dropped_before
         latencies = sorted(feed.latencies)
         appended_s = max(feed.appended_at) - feed.t0
         event_bytes = statistics.mean(
@@ -261,7 +238,7 @@ async def _append_trial(
                     )
                 )
             )
-            for token in TOKENS
+            for token in _lib.TOKENS
         )
         result = {
             "settings": combo,
@@ -286,10 +263,12 @@ async def _append_trial(
             "commit_ms_mean": h["commit"]["mean"] * 1e3,
             "commit_busy_pct": 100 * h["commit"]["sum"] / commit_wall_s,
             "publish_messages": n_messages,
-            "events_per_message": n_committed / n_messages if n_messages else float("nan"),
+            "events_per_message": n_committed / (n_messages + n_dropped)
+            if n_messages + n_dropped
+            else float("nan"),
             "publish_lag_p50_ms": h["publish_lag"]["p50"] * 1e3,
             "publish_lag_p99_ms": h["publish_lag"]["p99"] * 1e3,
-            "publish_dropped": _sample(m, "runlog_publish_dropped_total") - dropped_before,
+            "publish_dropped": n_dropped,
             "cpu_s_until_committed": commit_cpu,
             "cpu_s": timer.cpu_s,
             "client_cpu_us_per_event": timer.us_per(n_events, "client"),
@@ -338,7 +317,9 @@ async def _stream_tokens(w: RunWriter, k: int, feed: _Feed) -> None:
     due = feed.t0 + period * random.random()
     for i in range(feed.events_per_run):
         t0 = time.perf_counter()
-        seq = await w.append(events.TextDelta(message_id=message_id, delta=TOKENS[i % len(TOKENS)]))
+        seq = await w.append(
+            events.TextDelta(message_id=message_id, delta=_lib.TOKENS[i % len(_lib.TOKENS)])
+        )
         if (i + k) % feed.sample_every == 0:
             _watch_commit(loop, w, seq, t0, feed.latencies)
         if (i + 1) % feed.burst == 0:
@@ -408,149 +389,7 @@ def _dump_profile(profiler: cProfile.Profile, path: Path) -> None:
     stats.sort_stats("tottime").print_stats(25)
     stats.sort_stats("cumulative").print_stats(30)
     print(buf.getvalue())
-    print(f"profile written to {path}")
-
-
-# --- raw limits on the same servers ----------------------------------------------
-
-
-async def _raw_pg(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
-    n, batch = args.raw_pg_rows, args.raw_pg_batch
-    sessions = [f"s_bench{j:017d}" for j in range(args.sessions)]
-    runs = [f"r_bench{j:017d}" for j in range(args.runs)]
-    now_ms = int(time.time() * 1000)
-    cursors = [0] * len(sessions)
-    rows: list[tuple[Any, ...]] = []
-    # Interleaved over the runs like a product batch; real event JSON as payload.
-    for k in range(n):
-        r, seq = k % len(runs), k // len(runs) + 1
-        s = r % len(sessions)
-        cursors[s] += 1
-        payload = events.encode(
-            events.TextDelta(
-                message_id=f"m_{r:04d}",
-                delta=TOKENS[seq % len(TOKENS)],
-                run_id=runs[r],
-                session_id=sessions[s],
-                seq=seq,
-                ts=now_ms,
-            )
-        )
-        rows.append((runs[r], seq, sessions[s], cursors[s], now_ms, "text_delta", payload))
-    conn = await asyncpg.connect(st.database_url)
-    try:
-        await conn.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
-        await conn.execute(
-            f'CREATE TABLE {RAW_TABLE} (run_id text COLLATE "C", seq bigint,'
-            ' session_id text COLLATE "C", cursor bigint, ts bigint, type text,'
-            " payload bytea, PRIMARY KEY (run_id, seq))"
-        )
-        await conn.execute(f"CREATE UNIQUE INDEX ON {RAW_TABLE} (session_id, cursor)")
-        timer = Timer(meter)
-        timer.start()
-        for i in range(0, n, batch):
-            # Outside a transaction block each COPY is its own commit.
-            await conn.copy_records_to_table(
-                RAW_TABLE, records=rows[i : i + batch], columns=RAW_COLUMNS
-            )
-        timer.stop()
-    finally:
-        with contextlib.suppress(asyncpg.PostgresError, OSError):
-            await conn.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
-        await conn.close()
-    return {
-        "rows": n,
-        "batch": batch,
-        "rows_s": n / timer.wall_s,
-        "client_cpu_us_per_row": timer.us_per(n, "client"),
-        "pg_cpu_us_per_row": timer.us_per(n, "postgres"),
-        "others_cpu_cores": timer.others_cores(),
-    }
-
-
-async def _raw_js(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
-    n, window = args.raw_js_msgs, args.raw_js_inflight
-    payload = b"x" * RAW_MSG_BYTES
-    nc = await nats.connect(st.nats_url, name="runlog-bench-raw")
-    js = nc.jetstream(timeout=30, publish_async_max_pending=max(4000, window))
-    try:
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await js.delete_stream(RAW_STREAM)
-        # File storage and one replica, like the product's live-feed stream.
-        await js.add_stream(
-            name=RAW_STREAM,
-            subjects=[RAW_JS_SUBJECT],
-            storage=api.StorageType.FILE,
-            num_replicas=1,
-        )
-        await js.publish(RAW_JS_SUBJECT, payload)  # warm-up: ack inbox, stream files
-        timer = Timer(meter)
-        timer.start()
-        sent = 0
-        while sent < n:
-            # `window` publishes in flight, then their acks: the product's
-            # publish loop works the same way.
-            futs = [
-                await js.publish_async(RAW_JS_SUBJECT, payload)
-                for _ in range(min(window, n - sent))
-            ]
-            await asyncio.gather(*futs)
-            sent += len(futs)
-        timer.stop()
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await js.delete_stream(RAW_STREAM)
-        await nc.close()
-    return {
-        "msgs": n,
-        "inflight": window,
-        "msgs_s": n / timer.wall_s,
-        "client_cpu_us_per_msg": timer.us_per(n, "client"),
-        "nats_cpu_us_per_msg": timer.us_per(n, "nats"),
-        "others_cpu_cores": timer.others_cores(),
-    }
-
-
-async def _raw_core(st: Stack, meter: _lib.CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
-    n = args.raw_core_msgs
-    payload = b"x" * RAW_MSG_BYTES
-    sub_nc = await nats.connect(st.nats_url, name="runlog-bench-sub")
-    pub_nc = await nats.connect(st.nats_url, name="runlog-bench-pub", pending_size=64 * 1024**2)
-    received = 0
-    all_in = asyncio.Event()
-
-    async def on_msg(_msg: Msg) -> None:
-        nonlocal received
-        received += 1
-        if received >= n:
-            all_in.set()
-
-    try:
-        # Limits past n: this measures throughput, not slow-consumer drops.
-        await sub_nc.subscribe(
-            RAW_CORE_SUBJECT, cb=on_msg, pending_msgs_limit=n + 1, pending_bytes_limit=-1
-        )
-        await sub_nc.flush()
-        timer = Timer(meter)
-        timer.start()
-        for _ in range(n):
-            await pub_nc.publish(RAW_CORE_SUBJECT, payload)
-        await pub_nc.flush()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(60):
-                await all_in.wait()
-        timer.stop()
-    finally:
-        await pub_nc.close()
-        await sub_nc.close()
-    return {
-        "msgs": n,
-        "received": received,
-        "msgs_s": received / timer.wall_s,
-        "client_cpu_us_per_msg": timer.us_per(received, "client"),
-        "nats_cpu_us_per_msg": timer.us_per(received, "nats"),
-        "others_cpu_cores": timer.others_cores(),
-    }
+    print(f"profile written to {path}; this trial is left out of the summary")
 
 
 # --- figures ---------------------------------------------------------------------
@@ -576,10 +415,10 @@ _APPEND_FIGURES = (
     ("others_cpu_cores", "host CPU outside our processes", "cores"),
 )
 _RAW_FIGURES = (
-    ("raw_pg", "rows_s", "COPY 1000-row batches, 1 commit each", "rows/s"),
+    ("raw_pg", "rows_s", "COPY {batch}-row batches, 1 commit each", "rows/s"),
     ("raw_pg", "client_cpu_us_per_row", "  client CPU", "µs/row"),
     ("raw_pg", "pg_cpu_us_per_row", "  PostgreSQL CPU", "µs/row"),
-    ("raw_js", "msgs_s", "JetStream publish_async, 256 in flight", "msgs/s"),
+    ("raw_js", "msgs_s", "JetStream publish_async, {inflight} in flight", "msgs/s"),
     ("raw_js", "client_cpu_us_per_msg", "  client CPU", "µs/msg"),
     ("raw_js", "nats_cpu_us_per_msg", "  nats-server CPU", "µs/msg"),
     ("raw_core", "msgs_s", "core NATS pub → sub (one process)", "msgs/s"),
@@ -613,6 +452,7 @@ def _figures(
     if not args.no_raw:
         section = "raw limits, same servers, same run"
         for phase, key, label, unit in _RAW_FIGURES:
+            label = label.format(batch=args.raw_pg_batch, inflight=args.raw_js_inflight)
             figs.append(summarize(section, label, unit, [t[phase][key] for t in per_trial]))
         figs.append(
             summarize(

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 # NATS' default max_payload is 1 MiB; a slice stays well under it.
 MAX_SLICE_BYTES = 512 * 1024
+# How long a starting process waits for JetStream to accept its streams (a
+# cluster electing its meta leader takes a few seconds).
+STREAMS_READY_TIMEOUT_S = 30.0
 
 
 class LiveBatch(msgspec.Struct, kw_only=True):
@@ -124,19 +127,44 @@ class Bus:
             ),
         ]
         for cfg in configs:
+            await self._ensure_stream(cfg)
+
+    async def _ensure_stream(self, cfg: api.StreamConfig) -> None:
+        # A NATS cluster answers JetStream requests only once it has elected a
+        # meta leader (a few seconds after its nodes start, or after the
+        # leader's node died); until then requests time out or get 503. Every
+        # process starts with this call, so wait here rather than crash-loop.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STREAMS_READY_TIMEOUT_S
+        while True:
             try:
-                await self.js.add_stream(cfg)
-            except nats.js.errors.BadRequestError:
-                # Exists with another config: bring it to ours.
-                await self.js.update_stream(cfg)
+                try:
+                    await self.js.add_stream(cfg)
+                except nats.js.errors.BadRequestError:
+                    # Exists with another config: bring it to ours.
+                    await self.js.update_stream(cfg)
+                return
+            except (
+                nats.errors.TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.js.errors.ServiceUnavailableError,
+            ) as e:
+                if loop.time() > deadline:
+                    raise errors.BusUnavailable(
+                        f"JetStream did not accept stream {cfg.name} within "
+                        f"{STREAMS_READY_TIMEOUT_S:.0f} s: {e!r}"
+                    ) from e
+                log.info("JetStream not ready for stream %s (%r); retrying", cfg.name, e)
+                await asyncio.sleep(0.5)
 
     async def publish_live(
         self, subject: str, data: bytes, msg_id: str
     ) -> asyncio.Future[api.PubAck]:
         """Send one live-feed message; the returned future resolves on the ack."""
-        return await self.js.publish_async(
-            subject, data, headers={C.MSG_ID_HEADER: msg_id}, wait_stall=5.0
-        )
+        # No wait_stall: with it nats-py wraps each publish in wait_for (a task
+        # and a loop turn per message), which halves publish throughput. The
+        # appender never has more than 256 in flight, far under nats-py's cap.
+        return await self.js.publish_async(subject, data, headers={C.MSG_ID_HEADER: msg_id})
 
     async def enqueue_job(self, job: control.RunJob) -> None:
         await self.js.publish(

@@ -17,6 +17,9 @@ _BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 FLUSH_ERROR_KINDS = ("connection", "deadlock", "other")
 GAP_FILL_REASONS = ("gap", "position_check", "overflow")
+# Statuses of runs that have not ended (the ended ones are counted by outcome
+# in runlog_worker_runs_total; counting them here would scan the whole table).
+UNFINISHED_STATUSES = ("queued", "running", "waiting_approval")
 
 
 class BrokerMetrics:
@@ -100,6 +103,15 @@ class BrokerMetrics:
             "(workers reconcile from PostgreSQL).",
             registry=registry,
         )
+        self.runs_unfinished = Gauge(
+            "runlog_runs_unfinished",
+            "Runs not ended yet, by status, as counted in PostgreSQL every "
+            "runs_sample_interval_s (a global figure: every process reports it; use max).",
+            ["status"],
+            registry=registry,
+        )
+        for status in UNFINISHED_STATUSES:
+            self.runs_unfinished.labels(status)
         for kind in FLUSH_ERROR_KINDS:
             self.flush_errors.labels(kind)
         for reason in GAP_FILL_REASONS:

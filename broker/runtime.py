@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from . import approvals, control
 from .approvals import ApprovalInfo
 from .bus import Bus
+from .census import RunCensus
 from .log import Appender, RunWriter
 from .metrics import BrokerMetrics
 from .settings import Settings
@@ -33,6 +34,7 @@ class Broker:
         self.settings = settings
         self.metrics = metrics
         self.appender = Appender(store, bus, settings, metrics)
+        self.census = RunCensus(store, metrics, settings.runs_sample_interval_s)
 
     @classmethod
     async def connect(
@@ -41,9 +43,12 @@ class Broker:
         *,
         registry: CollectorRegistry | None = None,
         name: str = "runlog",
-        stream_replicas: int = 1,
+        stream_replicas: int | None = None,
     ) -> Broker:
+        """`stream_replicas` overrides the `stream_replicas` setting (tests)."""
         metrics = BrokerMetrics(registry if registry is not None else CollectorRegistry())
+        if stream_replicas is None:
+            stream_replicas = settings.stream_replicas
         store = await Store.connect(settings.database_url, settings)
         try:
             bus = await Bus.connect(settings.nats_url, settings, name=name)
@@ -58,9 +63,11 @@ class Broker:
             raise
         broker = cls(store, bus, settings, metrics)
         await broker.appender.start()
+        broker.census.start()
         return broker
 
     async def close(self) -> None:
+        await self.census.close()
         await self.appender.close()
         await self.bus.close()
         await self.store.close()

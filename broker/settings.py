@@ -51,7 +51,7 @@ class Settings:
         65536, "Largest encoded event accepted (bytes); larger ones get payload_too_large."
     )
     max_pending_events: int = _opt(
-        200000,
+        12000,
         "Most events waiting to be committed per process (events); appenders wait past it.",
     )
     publish_retry_max_s: float = _opt(
@@ -83,6 +83,17 @@ class Settings:
         3600.0, "Age after which JetStream drops live-feed messages (s)."
     )
     dedupe_window_s: float = _opt(120.0, "JetStream duplicate-detection window (s).")
+    # -- operations (see docs/operations.md)
+    stream_replicas: int = _opt(
+        1,
+        "Replicas of each JetStream stream (1, or 3 on a 3-node NATS cluster); applied when a "
+        "process starts, so raising it on a running cluster takes one restart.",
+    )
+    runs_sample_interval_s: float = _opt(
+        15.0,
+        "How often a process counts unfinished runs by status in PostgreSQL for the "
+        "runlog_runs_unfinished gauge (s); 0: off.",
+    )
 
     # -- gateway
     gateway_host: str = _opt("127.0.0.1", "Address the gateway listens on.")

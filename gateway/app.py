@@ -17,7 +17,7 @@ from broker import errors
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import openapi, rest, ws
+from . import auth, openapi, rest, ws
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -51,6 +51,42 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return json_response(
             {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
         )
+
+
+# Cross-origin REST and SSE for the Origins allowed to open WebSockets (a
+# console served by one gateway fails over to another). Bearer tokens, no
+# cookies: no credentialed CORS is needed.
+_CORS_PREFLIGHT = {
+    "Access-Control-Allow-Methods": "GET, POST",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, Last-Event-ID",
+    "Access-Control-Max-Age": "600",
+}
+
+
+def _cors_origin(request: web.Request) -> str | None:
+    origin = request.headers.get("Origin")
+    if origin is None or not request.path.startswith("/v1/") or GATEWAY not in request.app:
+        return None
+    gw = request.app[GATEWAY]
+    return origin if auth.origin_allowed(gw.settings, origin, gw.own_origins) else None
+
+
+@web.middleware
+async def cors_preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        origin = _cors_origin(request)
+        if origin is None:
+            return web.Response(status=403)
+        return web.Response(status=204, headers={"Access-Control-Allow-Origin": origin,
+                                                 "Vary": "Origin", **_CORS_PREFLIGHT})  # fmt: skip
+    return await handler(request)
+
+
+async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    origin = _cors_origin(request)
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers.add("Vary", "Origin")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -93,9 +129,10 @@ def build_app(
     """The gateway app. Without `broker`, it connects one at startup."""
     registry = registry if registry is not None else CollectorRegistry()
     app = web.Application(
-        middlewares=[error_middleware], client_max_size=settings.max_message_bytes
+        middlewares=[cors_preflight, error_middleware], client_max_size=settings.max_message_bytes
     )
     app[REGISTRY] = registry
+    app.on_response_prepare.append(_cors_headers)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         own = broker is None

@@ -6,6 +6,7 @@ runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
 runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
 runlog worker     a worker: takes run jobs, executes runs (--concurrency N)
 runlog token      mint a development bearer token for --user
+runlog prune      delete runs that ended more than --older-than-days ago
 runlog settings   print every setting with its variable, flag and default
 """
 
@@ -66,6 +67,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     Settings.add_arguments(tail)
 
+    pr = sub.add_parser(
+        "prune", help="delete ended runs older than a cutoff, with their events and approvals"
+    )
+    pr.add_argument(
+        "--older-than-days", type=float, required=True,
+        help="delete runs that ended more than this many days ago",
+    )  # fmt: skip
+    pr.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    pr.add_argument(
+        "--batch-events", type=int, default=None,
+        help="most events deleted per transaction (default 50000; runs are kept whole)",
+    )  # fmt: skip
+    Settings.add_arguments(pr)
+
     sub.add_parser("settings", help="print every setting (variable, flag, default)")
     return p
 
@@ -104,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
                 settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
             ]
             asyncio.run(tail_mod.tail(urls, token, args.run_id, args.after))
+        elif args.command == "prune":
+            asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))
         elif args.command == "token":
             from gateway import auth
 
@@ -128,6 +145,28 @@ async def _migrate(settings: Settings) -> None:
         )
     applied = await migrate.apply(settings.database_url)
     print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+async def _prune(
+    settings: Settings, older_than_days: float, dry_run: bool, batch_events: int | None
+) -> None:
+    import asyncpg
+
+    from broker import retention
+
+    if not settings.database_url:
+        raise errors.ClientError("RUNLOG_DATABASE_URL is not set")
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        report = await retention.prune(
+            pool,
+            older_than_s=older_than_days * 86400.0,
+            dry_run=dry_run,
+            batch_events=batch_events or retention.BATCH_EVENTS,
+        )
+    finally:
+        await pool.close()
+    print(report.describe())
 
 
 async def _worker(settings: Settings, concurrency: int | None) -> None:

@@ -266,11 +266,13 @@ class Agent:
         ctx = self.ctx
         if error is not None:
             await ctx.append(error)
+        if self.state.approval_id:
+            # Ending while waiting: close the approval first, so that once
+            # run_end is visible a late decision gets approval_expired.
+            await approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id)
         await ctx.append(last)
         await ctx.writer.flush()
         ctx.metrics.events_per_run.observe(ctx.writer.last_seq)
-        if self.state.approval_id:  # ended while waiting: nobody will act on it
-            await approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id)
 
     async def _end_aborted(self) -> None:
         ctx = self.ctx

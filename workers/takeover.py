@@ -38,6 +38,7 @@ class TakeoverPlan(NamedTuple):
     stop: tuple[str, int, str] | None
 
     async def end(self, store: Store, writer: RunWriter, metrics: WorkerMetrics) -> None:
+        await approvals.close_open_for_run(store.pool, writer.run_id)
         if self.stop is not None:
             by, at_ms, reason = self.stop
             at_seq = writer.last_seq
@@ -59,7 +60,6 @@ class TakeoverPlan(NamedTuple):
             )
             await writer.append(events.RunEnd(status="failed"))
         await writer.flush()
-        await approvals.close_open_for_run(store.pool, writer.run_id)
 
 
 async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:

@@ -1,0 +1,393 @@
+// The runlog console: sessions, members, and every run of a session, live.
+//
+// Sign-in: the page reads `#token=<jwt>` (and optionally `&gateways=url1,url2`
+// for failover, `&session=<id>`), keeps them in sessionStorage (this tab
+// only) and removes the token from the address bar. Everything the model or
+// another user wrote is untrusted: it is put in the page with textContent /
+// text nodes only, never parsed as HTML.
+
+import { RunlogClient, tokenClaims } from "./runlog-client.js";
+import { RunView } from "./run-view.js";
+import { h, shortId, showError, clearError } from "./dom.js";
+
+const TOKEN_KEY = "runlog.token";
+const GATEWAYS_KEY = "runlog.gateways";
+const $ = (id) => document.getElementById(id);
+
+// -- configuration from the URL hash
+
+function hashParams() {
+  return new URLSearchParams(location.hash.slice(1));
+}
+
+function readConfig() {
+  const params = hashParams();
+  const token = params.get("token");
+  if (token) {
+    sessionStorage.setItem(TOKEN_KEY, token);
+    // Gateways only come with a token: a link without one must not be able
+    // to send the stored token somewhere else.
+    const gateways = validGateways(params.get("gateways") || "");
+    if (gateways.length) sessionStorage.setItem(GATEWAYS_KEY, gateways.join(","));
+    else sessionStorage.removeItem(GATEWAYS_KEY);
+    const session = params.get("session");
+    history.replaceState(null, "", location.pathname + location.search +
+      (session ? `#session=${encodeURIComponent(session)}` : ""));
+  }
+  const stored = validGateways(sessionStorage.getItem(GATEWAYS_KEY) || "");
+  return { token: sessionStorage.getItem(TOKEN_KEY), gateways: stored.length ? stored : [location.origin] };
+}
+
+function validGateways(list) {
+  return list.split(",").map((s) => s.trim()).filter((u) => {
+    try {
+      const url = new URL(u);
+      return url.protocol === "http:" || url.protocol === "https:";
+    } catch {
+      return false;
+    }
+  });
+}
+
+// -- connection indicator
+
+const indicator = {
+  resumedAt: 0,
+  hold: null,
+  set(state, info = {}) {
+    clearTimeout(this.hold);
+    const el = $("conn");
+    if (state.startsWith("resumed from")) {
+      this.resumedAt = Date.now();
+      el.dataset.lastResume = String(info.resumedFrom ?? "");
+      this.show("resumed", state);
+      return;
+    }
+    const shown = Date.now() - this.resumedAt;
+    if (state === "live" && shown < 4000) {
+      // Keep "resumed from #N" readable for a moment before it turns live.
+      this.hold = setTimeout(() => this.show("live", "live"), 4000 - shown);
+      return;
+    }
+    const text = { connecting: "connecting…", reconnecting: "reconnecting…", stopped: "disconnected" }[state] ?? state;
+    this.show(state, text);
+  },
+  show(kind, text) {
+    $("conn").dataset.state = kind;
+    $("conn-text").textContent = text;
+  },
+};
+
+// -- the app
+
+const app = {
+  client: null,
+  me: null,
+  role: null,
+  sessions: [],
+  view: null, // SessionView
+};
+
+function start() {
+  wireForms();
+  const cfg = readConfig();
+  const claims = cfg.token ? tokenClaims(cfg.token) : null;
+  if (!cfg.token || !claims || (claims.exp && claims.exp * 1000 < Date.now())) {
+    askForToken(cfg.token ? "Your sign-in has expired. Open a new console link, or paste a token:" : null)
+      .then((token) => signIn(token, cfg.gateways));
+    return;
+  }
+  signIn(cfg.token, cfg.gateways);
+}
+
+function signIn(token, gateways) {
+  app.me = tokenClaims(token)?.sub ?? "?";
+  $("me").textContent = app.me;
+  $("me").title = `signed in as ${app.me}`;
+  app.client = new RunlogClient({
+    baseUrls: gateways,
+    token,
+    onAuthNeeded: () => askForToken("Your sign-in has expired. Open a new console link, or paste a token:"),
+    onConnection: (c) => {
+      let host = c.baseUrl;
+      try {
+        host = new URL(c.baseUrl).host;
+      } catch {
+        /* keep it */
+      }
+      $("gateway").textContent = `${host}${c.transport === "sse" ? " · SSE" : ""}`;
+      $("gateway").dataset.gateway = c.baseUrl;
+      $("gateway").dataset.transport = c.transport;
+    },
+  });
+  window.runlogClient = app.client; // for the developer console
+  loadSessions().then(() => {
+    const sid = hashParams().get("session");
+    if (sid) openSession(sid);
+  });
+}
+
+let pendingAuth = null;
+function askForToken(message) {
+  if (pendingAuth) return pendingAuth.promise;
+  const banner = $("auth-banner");
+  if (message) $("auth-text").textContent = message;
+  banner.hidden = false;
+  let resolve;
+  const promise = new Promise((r) => (resolve = r));
+  pendingAuth = { promise, resolve };
+  return promise;
+}
+
+function wireForms() {
+  $("auth-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const token = $("auth-token").value.trim();
+    if (!token || !pendingAuth) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("auth-token").value = "";
+    $("auth-banner").hidden = true;
+    const { resolve } = pendingAuth;
+    pendingAuth = null;
+    if (app.client) app.client.setToken(token);
+    resolve(token);
+  });
+
+  $("new-session").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    if (!app.client) return;
+    const btn = ev.submitter;
+    if (btn) btn.disabled = true;
+    clearError($("sessions-error"));
+    try {
+      const title = $("new-session-title").value.trim();
+      const { session_id } = await app.client.createSession({ title });
+      $("new-session-title").value = "";
+      await loadSessions();
+      selectSession(session_id);
+    } catch (e) {
+      showError($("sessions-error"), e);
+    } finally {
+      if (btn) btn.disabled = false;
+    }
+  });
+
+  $("add-member").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const view = app.view;
+    if (!view) return;
+    clearError($("member-error"));
+    const user = $("member-user").value.trim();
+    const role = $("member-role").value;
+    try {
+      await app.client.addMember(view.id, user, role);
+      $("member-user").value = "";
+      await view.refreshMembers();
+    } catch (e) {
+      showError($("member-error"), e);
+    }
+  });
+
+  const composer = $("composer");
+  composer.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const view = app.view;
+    const input = $("run-input").value;
+    if (!view || !input.trim()) return;
+    $("start-run").disabled = true;
+    clearError($("composer-error"));
+    try {
+      await app.client.startRun(view.id, { input });
+      $("run-input").value = "";
+    } catch (e) {
+      showError($("composer-error"), e);
+    } finally {
+      $("start-run").disabled = !view.canAct;
+    }
+  });
+  $("run-input").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) {
+      ev.preventDefault();
+      composer.requestSubmit();
+    }
+  });
+
+  window.addEventListener("hashchange", () => {
+    const params = hashParams();
+    if (params.get("token")) {
+      readConfig();
+      location.reload();
+      return;
+    }
+    const sid = params.get("session");
+    if (sid && sid !== app.view?.id) openSession(sid);
+  });
+  window.addEventListener("focus", () => {
+    if (app.client) loadSessions();
+    app.view?.refreshMembers();
+  });
+  setInterval(() => app.view?.tick(), 1000);
+}
+
+async function loadSessions() {
+  clearError($("sessions-error"));
+  try {
+    app.sessions = await app.client.listSessions();
+  } catch (e) {
+    showError($("sessions-error"), e);
+    return;
+  }
+  renderSessions();
+}
+
+function renderSessions() {
+  const ul = $("sessions");
+  ul.replaceChildren();
+  if (!app.sessions.length) {
+    ul.append(h("li", { class: "muted small" }, "No sessions yet."));
+    return;
+  }
+  for (const s of app.sessions) {
+    const active = app.view?.id === s.session_id;
+    ul.append(h("li", {},
+      h("button", {
+        type: "button",
+        class: `session-item${active ? " active" : ""}`,
+        "data-session-id": s.session_id,
+        onclick: () => selectSession(s.session_id),
+      },
+      h("span", { class: "session-name" }, s.title || "Untitled session"),
+      h("span", { class: "session-meta" }, `${s.your_role} · ${shortId(s.session_id)}`)),
+    ));
+  }
+}
+
+function selectSession(id) {
+  if (hashParams().get("session") === id) openSession(id);
+  else location.hash = `session=${encodeURIComponent(id)}`;
+}
+
+async function openSession(id) {
+  app.view?.close();
+  app.view = null;
+  let info;
+  try {
+    info = await app.client.getSession(id);
+  } catch (e) {
+    $("session").hidden = true;
+    $("composer").hidden = true;
+    $("members-panel").hidden = true;
+    $("empty").hidden = false;
+    $("empty").replaceChildren(h("h1", {}, "Cannot open this session"),
+      h("p", { class: "error-text" }, `${e.code}: ${e.message}`));
+    return;
+  }
+  if (app.view) app.view.close(); // a later click won the race
+  app.view = new SessionView(info);
+  renderSessions();
+}
+
+// -- one session: members, runs (from the session's event stream), composer
+
+class SessionView {
+  constructor(info) {
+    this.id = info.session_id;
+    this.role = info.your_role;
+    this.canAct = this.role === "owner" || this.role === "approver";
+    this.runs = new Map();
+    this.members = info.members;
+    const listed = app.sessions.find((s) => s.session_id === this.id);
+    const title = listed?.title || "Untitled session";
+    document.title = `${title} · runlog`;
+    $("session-title").textContent = title;
+    $("session-id").textContent = this.id;
+    $("session-role").textContent = this.role;
+    $("session-role").dataset.role = this.role;
+    $("session-policy").textContent = `new runs: ${info.run_policy}`;
+    $("runs").replaceChildren();
+    $("runs-empty").hidden = false;
+    $("empty").hidden = true;
+    $("session").hidden = false;
+    $("composer").hidden = false;
+    $("members-panel").hidden = false;
+    $("add-member").hidden = this.role !== "owner";
+    $("run-input").disabled = !this.canAct;
+    $("start-run").disabled = !this.canAct;
+    $("composer-note").hidden = this.canAct;
+    $("composer-note").textContent = this.canAct ? "" : "You are a viewer: you can watch runs, not start or stop them.";
+    clearError($("composer-error"));
+    this.renderMembers();
+    indicator.set("connecting");
+    this.sub = app.client.subscribe({
+      sessionId: this.id,
+      after: 0,
+      onEvent: (cursor, event) => this.apply(cursor, event),
+      onState: (state, i) => indicator.set(state, i),
+      onError: (e) => {
+        indicator.set("stopped");
+        showError($("composer-error"), e);
+      },
+    });
+  }
+
+  close() {
+    this.sub.unsubscribe();
+    $("runs").replaceChildren();
+  }
+
+  apply(cursor, event) {
+    let run = this.runs.get(event.run_id);
+    if (!run) {
+      run = new RunView(event.run_id, { client: app.client, canAct: this.canAct, me: app.me });
+      this.runs.set(event.run_id, run);
+      $("runs").append(run.el);
+      $("runs-empty").hidden = true;
+    }
+    keepScrolledDown();
+    run.apply(event, cursor);
+    if (event.type === "run_start" && !this.members.some((m) => m.user_id === event.started_by)) {
+      this.refreshMembers();
+    }
+  }
+
+  tick() {
+    for (const run of this.runs.values()) run.tick();
+  }
+
+  async refreshMembers() {
+    try {
+      const info = await app.client.getSession(this.id);
+      if (app.view !== this) return;
+      this.members = info.members;
+      this.renderMembers();
+    } catch {
+      /* keep the last list */
+    }
+  }
+
+  renderMembers() {
+    const ul = $("members");
+    ul.replaceChildren();
+    for (const m of this.members) {
+      ul.append(h("li", { class: "member", "data-user": m.user_id, "data-role": m.role },
+        h("span", { class: "avatar", "aria-hidden": "true" }, (m.user_id[0] || "?").toUpperCase()),
+        h("span", { class: "member-name" }, m.user_id, m.user_id === app.me ? h("span", { class: "muted" }, " (you)") : null),
+        h("span", { class: `role role-${m.role}` }, m.role)));
+    }
+  }
+}
+
+// Follow new output when the reader is at the bottom; leave them alone otherwise.
+let scrollQueued = false;
+function keepScrolledDown() {
+  if (scrollQueued) return;
+  const main = $("main");
+  const atBottom = main.scrollHeight - main.scrollTop - main.clientHeight < 150;
+  scrollQueued = true;
+  requestAnimationFrame(() => {
+    scrollQueued = false;
+    if (atBottom) main.scrollTop = main.scrollHeight;
+  });
+}
+
+start();

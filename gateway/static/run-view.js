@@ -1,0 +1,376 @@
+// One run, drawn from its events (the event contract: docs/protocol.md).
+//
+// Blocks appear in the order their first event arrives: the user's input,
+// reasoning (collapsible), text (by message_id; `message_reset` discards a
+// message's text), status lines, one card per tool call (arguments fill in
+// as `tool_args_delta` streams, then the result), approval cards, errors,
+// and the end with its usage and stop audit.
+
+import { h, shortId, showError, clearError, timeOf } from "./dom.js";
+
+const STATUS_LABELS = {
+  running: "running",
+  waiting: "waiting for approval",
+  stopping: "stopping…",
+  completed: "completed",
+  aborted: "aborted",
+  failed: "failed",
+  waiting_approval: "waiting for approval",
+};
+const DECISION_LABELS = { approve: "Approved", reject: "Rejected", expired: "Expired" };
+
+export class RunView {
+  /** ctx: { client, canAct, me } */
+  constructor(runId, ctx) {
+    this.id = runId;
+    this.ctx = ctx;
+    this.ended = false;
+    this.startTs = 0;
+    this.texts = new Map(); // message_id -> { el, node }
+    this.reasonings = new Map(); // message_id -> { el, node, touched }
+    this.tools = new Map(); // tool_call_id -> ToolCard
+    this.approvals = new Map(); // approval_id -> ApprovalCard
+    this.openReasoning = null;
+
+    this.badge = h("span", { class: "badge run-status" });
+    this.stopBtn = h("button", { type: "button", class: "stop", onclick: () => this.stop() }, "Stop");
+    this.stopBtn.hidden = !ctx.canAct;
+    this.meta = h("span", { class: "run-meta" });
+    this.input = h("div", { class: "run-input" });
+    this.input.hidden = true;
+    this.body = h("div", { class: "run-body" });
+    this.error = h("p", { class: "error-text" });
+    this.error.hidden = true;
+    this.footer = h("footer", { class: "run-end" });
+    this.footer.hidden = true;
+    this.el = h("article", { class: "run", "data-run-id": runId },
+      h("header", { class: "run-head" },
+        h("span", { class: "run-title" }, "Run ", h("span", { class: "mono" }, shortId(runId))),
+        this.meta, h("span", { class: "spacer" }), this.badge, this.stopBtn),
+      this.input, this.body, this.error, this.footer);
+    this.setStatus("running");
+  }
+
+  setStatus(status) {
+    this.status = status;
+    this.el.dataset.status = status;
+    this.badge.dataset.status = status;
+    this.badge.textContent = STATUS_LABELS[status] ?? status;
+  }
+
+  apply(e, cursor) {
+    this.el.dataset.cursor = String(cursor);
+    this.el.dataset.seq = String(e.seq);
+    switch (e.type) {
+      case "run_start": {
+        this.startTs = e.ts;
+        this.meta.replaceChildren(`started by ${e.started_by || "?"} · ${timeOf(e.ts)}`,
+          e.model ? ` · ${e.model}` : "");
+        if (e.input) {
+          this.input.replaceChildren(h("span", { class: "input-label" }, e.started_by || "input"), e.input);
+          this.input.hidden = false;
+        }
+        break;
+      }
+      case "reasoning_delta":
+        this.reasoning(e.message_id).node.appendData(e.delta);
+        break;
+      case "text_delta":
+        this.text(e.message_id).node.appendData(e.delta);
+        break;
+      case "message_reset": {
+        const t = this.texts.get(e.message_id);
+        if (t) {
+          t.el.remove();
+          this.texts.delete(e.message_id);
+        }
+        break;
+      }
+      case "status":
+        this.add(h("div", { class: "status-line", "data-code": e.code },
+          h("span", { class: "status-code" }, e.code), e.summary ? ` ${e.summary}` : ""));
+        break;
+      case "progress": {
+        const card = [...this.tools.values()].reverse().find((c) => !c.done);
+        if (card) card.progress(e);
+        break;
+      }
+      case "tool_call_start": {
+        const card = new ToolCard(e);
+        this.tools.set(e.tool_call_id, card);
+        this.add(card.el);
+        break;
+      }
+      case "tool_args_delta":
+        this.tools.get(e.tool_call_id)?.args(e.partial_json);
+        break;
+      case "tool_call_end":
+        this.tools.get(e.tool_call_id)?.called();
+        break;
+      case "tool_result":
+        this.tools.get(e.tool_call_id)?.result(e);
+        break;
+      case "approval_required": {
+        const tool = this.tools.get(e.tool_call_id);
+        const card = new ApprovalCard(e, this, tool?.name ?? "");
+        this.approvals.set(e.approval_id, card);
+        this.add(card.el);
+        if (!this.ended) this.setStatus("waiting");
+        break;
+      }
+      case "approval_decided":
+        this.approvals.get(e.approval_id)?.decided(e);
+        if (!this.ended && this.status === "waiting") this.setStatus("running");
+        break;
+      case "interrupt_requested":
+        this.add(h("div", { class: "status-line stop-line" },
+          h("span", { class: "status-code" }, "stop"),
+          ` requested by ${e.requested_by || "?"}${e.reason ? ` — ${e.reason}` : ""}`));
+        if (!this.ended) {
+          this.setStatus("stopping");
+          this.stopBtn.disabled = true;
+          this.stopBtn.textContent = "Stopping…";
+        }
+        break;
+      case "run_error":
+        this.add(h("div", { class: "run-error", "data-code": e.code },
+          h("strong", {}, e.code), e.message ? ` — ${e.message}` : "", e.retryable ? " (retryable)" : ""));
+        break;
+      case "run_end":
+        this.end(e);
+        break;
+      default:
+        break; // a type added later: ignore what we don't know
+    }
+  }
+
+  /** Append a block; an open reasoning block folds away once something else follows it. */
+  add(el) {
+    this.foldReasoning();
+    this.body.append(el);
+  }
+
+  foldReasoning() {
+    const r = this.openReasoning;
+    if (r && !r.touched) r.el.open = false;
+    this.openReasoning = null;
+  }
+
+  reasoning(messageId) {
+    let r = this.reasonings.get(messageId);
+    if (!r) {
+      const node = document.createTextNode("");
+      const summary = h("summary", {}, "Reasoning");
+      const el = h("details", { class: "reasoning", "data-message-id": messageId, open: true },
+        summary, h("div", { class: "reasoning-text" }, node));
+      r = { el, node, touched: false };
+      summary.addEventListener("click", () => (r.touched = true));
+      this.reasonings.set(messageId, r);
+      this.add(el);
+      this.openReasoning = r;
+    }
+    return r;
+  }
+
+  text(messageId) {
+    let t = this.texts.get(messageId);
+    if (!t) {
+      const node = document.createTextNode("");
+      const el = h("div", { class: "message", "data-message-id": messageId }, node);
+      t = { el, node };
+      this.texts.set(messageId, t);
+      this.add(el);
+    }
+    return t;
+  }
+
+  /** All the answer text shown, in order (tests compare it with the log). */
+  get answerText() {
+    return [...this.texts.values()].map((t) => t.node.data).join("");
+  }
+
+  async stop() {
+    this.stopBtn.disabled = true;
+    this.stopBtn.textContent = "Stopping…";
+    clearError(this.error);
+    try {
+      await this.ctx.client.interrupt(this.id, `stopped from the console by ${this.ctx.me}`);
+    } catch (e) {
+      showError(this.error, e);
+      if (!this.ended) {
+        this.stopBtn.disabled = false;
+        this.stopBtn.textContent = "Stop";
+      }
+    }
+  }
+
+  end(e) {
+    this.ended = true;
+    this.foldReasoning();
+    this.setStatus(e.status);
+    this.stopBtn.hidden = true;
+    for (const a of this.approvals.values()) a.runEnded();
+    const parts = [h("strong", {}, STATUS_LABELS[e.status] ?? e.status)];
+    if (this.startTs && e.ts) parts.push(` · ${((e.ts - this.startTs) / 1000).toFixed(1)} s`);
+    if (e.usage) {
+      const u = e.usage;
+      parts.push(` · ${u.input_tokens} tokens in, ${u.output_tokens} out`
+        + (u.reasoning_tokens ? ` (${u.reasoning_tokens} reasoning)` : ""));
+    }
+    const children = [h("div", { class: "end-line" }, parts)];
+    if (e.stop) children.push(this.stopAudit(e.stop));
+    this.footer.replaceChildren(...children);
+    this.footer.dataset.status = e.status;
+    this.footer.hidden = false;
+  }
+
+  stopAudit(s) {
+    const effects = (s.side_effects || []).map((id) => {
+      const name = this.tools.get(id)?.name;
+      return name ? `${name} (${id})` : id;
+    });
+    const row = (k, v) => [h("dt", {}, k), h("dd", {}, v)];
+    return h("div", { class: "stop-audit" },
+      h("div", { class: "audit-title" }, "Stop audit"),
+      h("dl", {},
+        row("Stopped by", s.requested_by || "?"),
+        row("Requested at", timeOf(s.requested_at)),
+        s.reason ? row("Reason", s.reason) : null,
+        row("Stopped at", `event #${s.at_seq}, step ${s.step}`),
+        row("Side effects done", effects.length ? effects.join(", ") : "none")));
+  }
+
+  tick() {
+    for (const a of this.approvals.values()) a.tick();
+  }
+}
+
+class ToolCard {
+  constructor(e) {
+    this.name = e.tool_name;
+    this.done = false;
+    this.raw = "";
+    this.argsNode = document.createTextNode("");
+    this.state = h("span", { class: "tool-state" }, "preparing…");
+    this.bar = h("progress", { class: "tool-progress", max: "1", value: "0" });
+    this.bar.hidden = true;
+    this.resultEl = h("div", { class: "tool-result" });
+    this.resultEl.hidden = true;
+    this.el = h("div", { class: "tool", "data-tool-call-id": e.tool_call_id, "data-state": "args" },
+      h("div", { class: "tool-head" },
+        h("span", { class: "tool-icon", "aria-hidden": "true" }, "⚙"),
+        h("span", { class: "tool-name" }, e.tool_name),
+        h("span", { class: `badge risk risk-${e.risk_level}` }, `${e.risk_level} risk`),
+        h("span", { class: "spacer" }), this.state),
+      h("pre", { class: "tool-args" }, this.argsNode), this.bar, this.resultEl);
+  }
+
+  args(part) {
+    this.raw += part;
+    this.argsNode.appendData(part);
+  }
+
+  called() {
+    this.el.dataset.state = "called";
+    this.state.textContent = "running…";
+    try {
+      this.argsNode.data = JSON.stringify(JSON.parse(this.raw), null, 2);
+    } catch {
+      /* keep the raw text */
+    }
+  }
+
+  progress(e) {
+    this.bar.hidden = false;
+    this.bar.max = Math.max(1, e.total);
+    this.bar.value = e.done;
+    this.state.textContent = `${e.label || "working"} ${e.done}/${e.total}`;
+  }
+
+  result(e) {
+    this.done = true;
+    this.bar.hidden = true;
+    this.el.dataset.state = e.status;
+    this.state.textContent = e.status;
+    this.state.dataset.status = e.status;
+    const parts = [];
+    if (e.summary) parts.push(h("span", {}, e.summary));
+    if (e.output != null) {
+      parts.push(h("details", { class: "tool-output" }, h("summary", {}, "output"), h("pre", {}, e.output)));
+    }
+    this.resultEl.replaceChildren(...parts);
+    this.resultEl.hidden = !parts.length;
+  }
+}
+
+class ApprovalCard {
+  constructor(e, run, toolName) {
+    this.run = run;
+    this.id = e.approval_id;
+    this.expiresAt = e.expires_at;
+    this.pending = true;
+    this.expires = h("span", { class: "expires" });
+    this.error = h("p", { class: "error-text" });
+    this.error.hidden = true;
+    this.decision = h("div", { class: "approval-decision" });
+    this.decision.hidden = true;
+    this.approveBtn = h("button", { type: "button", class: "approve", onclick: () => this.decide("approve") }, "Approve");
+    this.rejectBtn = h("button", { type: "button", class: "reject", onclick: () => this.decide("reject") }, "Reject");
+    this.actions = run.ctx.canAct
+      ? h("div", { class: "approval-actions" }, this.approveBtn, this.rejectBtn)
+      : h("div", { class: "approval-actions readonly" }, "Waiting for an owner or approver to decide.");
+    this.el = h("div", { class: "approval", "data-approval-id": e.approval_id, "data-state": "pending" },
+      h("div", { class: "approval-head" },
+        h("span", { class: "approval-icon", "aria-hidden": "true" }, "!"),
+        h("strong", {}, "Approval needed"),
+        toolName ? h("span", { class: "tool-name" }, toolName) : null,
+        h("span", { class: "spacer" }), this.expires),
+      h("div", { class: "approval-summary" }, e.summary),
+      this.actions, this.decision, this.error);
+    this.tick();
+  }
+
+  tick() {
+    if (!this.pending) return;
+    const left = Math.max(0, Math.round((this.expiresAt - Date.now()) / 1000));
+    const mm = Math.floor(left / 60);
+    const ss = String(left % 60).padStart(2, "0");
+    this.expires.textContent = this.expiresAt ? `expires in ${mm}:${ss}` : "";
+  }
+
+  async decide(decision) {
+    this.approveBtn.disabled = this.rejectBtn.disabled = true;
+    clearError(this.error);
+    try {
+      await this.run.ctx.client.decide(this.run.id, this.id, decision);
+    } catch (e) {
+      showError(this.error, e);
+      const final = ["approval_conflict", "approval_expired", "run_ended", "forbidden"].includes(e.code);
+      if (this.pending && !final) this.approveBtn.disabled = this.rejectBtn.disabled = false;
+    }
+  }
+
+  decided(e) {
+    this.pending = false;
+    this.expires.textContent = "";
+    this.el.dataset.state = e.decision;
+    this.actions.hidden = true;
+    clearError(this.error);
+    const who = e.decision === "expired" ? "nobody decided in time" : `by ${e.decided_by || "?"}`;
+    this.decision.replaceChildren(h("strong", {}, DECISION_LABELS[e.decision] ?? e.decision), ` ${who}`,
+      e.comment ? ` — “${e.comment}”` : "");
+    this.decision.dataset.decision = e.decision;
+    this.decision.dataset.decidedBy = e.decided_by || "";
+    this.decision.hidden = false;
+  }
+
+  runEnded() {
+    if (!this.pending) return;
+    this.pending = false;
+    this.expires.textContent = "";
+    this.actions.hidden = true;
+    this.el.dataset.state = "closed";
+    this.decision.replaceChildren("The run ended before a decision.");
+    this.decision.hidden = false;
+  }
+}
