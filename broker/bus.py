@@ -47,6 +47,7 @@ class LiveBatch(msgspec.Struct, kw_only=True):
     events: list[msgspec.Raw]
     types: list[str]
     ended: bool = False
+    committed_ms: float = 0.0  # wall clock when the slice committed (for latency metrics)
 
 
 _batch_encoder = msgspec.json.Encoder()

@@ -165,10 +165,7 @@ AnyEvent = (
     | RunEnd
 )
 
-EVENT_TYPES: frozenset[str] = frozenset(
-    cls.__struct_config__.tag
-    for cls in AnyEvent.__args__
-)
+EVENT_TYPES: frozenset[str] = frozenset(cls.__struct_config__.tag for cls in AnyEvent.__args__)
 TERMINAL_TYPES = frozenset({"run_end"})
 
 # Built once: encoders and decoders are reusable and thread-safe.

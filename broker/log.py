@@ -396,6 +396,7 @@ class Appender:
         batch: list[_Entry],
     ) -> None:
         now = time.monotonic()
+        wall_ms = self._clock() * 1000
         m = self.metrics
         n_committed = sum(len(groups[w]) for w in accepted)
         m.events_appended.inc(n_committed)
@@ -413,13 +414,15 @@ class Appender:
                 continue
             w._committed(entries[-1].seq)
             if self.bus is not None:
-                self._queue_publish(w, entries, accepted[w], now)
+                self._queue_publish(w, entries, accepted[w], now, wall_ms)
         if self.bus is not None:
             self._publish_wake.set()
 
     # -- publish
 
-    def _queue_publish(self, w: RunWriter, entries: list[_Entry], cursor: int, now: float) -> None:
+    def _queue_publish(
+        self, w: RunWriter, entries: list[_Entry], cursor: int, now: float, wall_ms: float
+    ) -> None:
         subject = events_subject(w.session_id, w.run_id)
         start = 0
         while start < len(entries):
@@ -439,6 +442,7 @@ class Appender:
                     events=[msgspec.Raw(e.payload) for e in chunk],
                     types=[e.type for e in chunk],
                     ended=chunk[-1].type in events.TERMINAL_TYPES,
+                    committed_ms=wall_ms,
                 )
             )
             self._publish_q.append(_Publish(subject, f"{w.run_id}:{first.seq}", data, now))

@@ -66,6 +66,9 @@ class Subscription:
         self.session_id = session_id
         self.position = after
         self.ended = False
+        # When the last list yielded came from the live feed: its commit time
+        # (ms, wall clock); 0 when it came from PostgreSQL.
+        self.committed_ms = 0.0
         self._replaying = True
         self._queue: asyncio.Queue[LiveBatch] = asyncio.Queue(
             maxsize=max(1, settings.live_buffer_max // 16)
@@ -123,6 +126,7 @@ class Subscription:
             if self.ended:
                 raise StopAsyncIteration
             if self._replaying:
+                self.committed_ms = 0.0
                 page = await self._page()
                 if len(page) < self.settings.page_max_events:
                     self._replaying = False
@@ -134,6 +138,7 @@ class Subscription:
                     self._queue.get(), timeout=self.settings.position_check_s
                 )
             except TimeoutError:
+                self.committed_ms = 0.0
                 page = await self._check_position()
                 if page:
                     return self._deliver(page)
@@ -143,7 +148,9 @@ class Subscription:
             items = self._fresh(batch_items(batch))
             if not items:
                 continue
+            self.committed_ms = batch.committed_ms
             if self._key(items[0]) != self.position + 1:
+                self.committed_ms = 0.0
                 self.metrics.gap_fills.labels("gap").inc()
                 page = await self._page()
                 if page:
@@ -168,6 +175,8 @@ class Subscription:
         return [e for e in items if self._key(e) > pos]
 
     def _deliver(self, items: list[StoredEvent]) -> list[StoredEvent]:
+        """Advance past `items` and return them (callers reset committed_ms for
+        lists read from PostgreSQL)."""
         self.position = self._key(items[-1])
         if self._by_run and items[-1].type in ("run_end",):
             self.ended = True

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from broker import errors
 from broker.runtime import Broker
@@ -177,10 +178,13 @@ class Topic:
     async def _run(self) -> None:
         assert self._sub is not None
         try:
+            metric = self.hub.metrics.commit_to_send_seconds
             async for items in self._sub:
                 batch = EncodedBatch(self.key, items, self.by_run)
                 for m in list(self.members):
                     m.offer(batch)
+                if self._sub.committed_ms and self.members:
+                    metric.observe(max(0.0, time.time() - self._sub.committed_ms / 1000))
             self.ended = True
         except asyncio.CancelledError:
             pass
