@@ -3,10 +3,17 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The browser tests drive Debian's chromium (a test tool's own browser download
+# cannot work here); installed once, quietly, if missing (CI runs as root).
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: run test check lint bench clean
 
-$(STAMP): pyproject.toml
+$(CHROMIUM):
+	@echo "installing chromium for the browser tests (apt-get)"
+	@apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+$(STAMP): pyproject.toml | $(CHROMIUM)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

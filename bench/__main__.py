@@ -20,7 +20,7 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append",)
+SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker")
 
 
 def _load(name: str) -> ModuleType:

@@ -7,7 +7,14 @@ from fixed allow-lists.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 _LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -25,6 +32,13 @@ UNFINISHED_STATUSES = ("queued", "running", "waiting_approval")
 class BrokerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # Every runlog process (gateway, worker) has exactly one BrokerMetrics
+        # on the registry it serves at /metrics. prometheus_client adds the
+        # process_* (CPU, resident memory, open fds) and python_info
+        # collectors only to its global registry, which we never use, so add
+        # them here: a gateway's memory and CPU are what sizing is about.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
         self.events_appended = Counter(
             "runlog_events_appended_total",
             "Events committed to PostgreSQL by this process.",

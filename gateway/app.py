@@ -113,10 +113,18 @@ async def openapi_doc(request: web.Request) -> web.Response:
     return json_response(openapi.document())
 
 
+# The console runs only its own scripts; it may talk to any gateway it is given.
+_CONSOLE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' http: https: ws: wss:; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'none'"
+)
+
+
 async def index(request: web.Request) -> web.StreamResponse:
     page = STATIC_DIR / "index.html"
     if page.exists():
-        return web.FileResponse(page)
+        return web.FileResponse(page, headers={"Content-Security-Policy": _CONSOLE_CSP})
     return web.Response(text="runlog gateway\n", content_type="text/plain")
 
 

@@ -5,7 +5,8 @@ the data folder, unless RUNLOG_NATS_URL / RUNLOG_DATABASE_URL point at
 external ones; applies migrations; creates the JetStream streams; then runs
 `--workers N` worker processes and `--gateways M` gateway processes (gateway
 k listens on gateway_port + k: consecutive ports, so each can be reached,
-killed and drained on its own). Prints every URL, and a console link that
+killed and drained on its own; with worker_metrics_port set, worker k serves
+/metrics on worker_metrics_port + k). Prints every URL, and a console link that
 signs you in with a short-lived development token. On Ctrl-C or SIGTERM it
 drains the gateways and workers (SIGTERM), then stops PostgreSQL and NATS.
 """
@@ -58,8 +59,15 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         await broker.close()
 
         env = {**os.environ, **_env(settings)}
+        worker_metrics = []
         for i in range(workers):
-            children.append((f"worker {i + 1}", await _spawn(["worker"], env)))
+            wenv = env
+            if settings.worker_metrics_port:
+                # Like the gateways: worker k serves /metrics on worker_metrics_port + k.
+                port = settings.worker_metrics_port + i
+                wenv = {**env, "RUNLOG_WORKER_METRICS_PORT": str(port)}
+                worker_metrics.append(f"http://{settings.gateway_host}:{port}/metrics")
+            children.append((f"worker {i + 1}", await _spawn(["worker"], wenv)))
         urls = []
         for i in range(gateways):
             port = settings.gateway_port + i
@@ -77,6 +85,10 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
             print(f"  gateway:     {u}  (REST {u}/v1, WebSocket {u.replace('http', 'ws')}/v1/ws,"
                   f" metrics {u}/metrics)", flush=True)  # fmt: skip
         print(f"  workers:     {workers}", flush=True)
+        for u in worker_metrics:
+            print(f"  worker metrics: {u}", flush=True)
+        if not worker_metrics:
+            print("  (worker /metrics is off: set RUNLOG_WORKER_METRICS_PORT)", flush=True)
         print(f"  NATS:        {nats_url}", flush=True)
         print(f"  PostgreSQL:  {database_url}", flush=True)
         print(f"  data folder: {data_dir}", flush=True)

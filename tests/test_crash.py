@@ -109,3 +109,45 @@ async def test_postgres_restarted_mid_append(killable: KillableStack) -> None:
         assert len(followed) == total
     finally:
         await b.close()
+
+
+async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
+    stack: object, settings: object
+) -> None:
+    """The ambiguous case: COMMIT reached PostgreSQL but its reply never came
+    back. The appender must find out that the batch committed and not write
+    it again (nor lose it)."""
+    import dataclasses
+    from urllib.parse import urlsplit
+
+    from broker.settings import Settings
+
+    from .proxy import CuttingProxy
+
+    assert isinstance(settings, Settings)
+    u = urlsplit(settings.database_url)
+    proxy = CuttingProxy(u.hostname or "127.0.0.1", u.port or 5432)
+    await proxy.start()
+    via_proxy = settings.database_url.replace(f":{u.port}/", f":{proxy.port}/")
+    b = await Broker.connect(dataclasses.replace(settings, database_url=via_proxy))
+    try:
+        _, run_id = await new_run(b.store)
+        w = await b.claim(run_id, "w")
+        for i in range(10):
+            await w.append(text(i))
+        await w.flush()
+        for round_ in range(3):
+            proxy.arm(b"COMMIT")
+            for i in range(50):
+                await w.append(text(100 * (round_ + 1) + i))
+            await w.flush()
+        assert proxy.cuts == 3
+        rows = await b.store.pool.fetch(
+            "SELECT seq FROM events WHERE run_id = $1 ORDER BY seq", run_id
+        )
+        assert [r[0] for r in rows] == list(range(1, 161))
+        assert w.committed_seq == 160
+        assert b.metrics.flush_errors.labels("connection")._value.get() >= 3
+    finally:
+        await b.close()
+        await proxy.stop()

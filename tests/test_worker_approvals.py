@@ -30,7 +30,7 @@ async def test_approve_and_deny(settings: Settings) -> None:
         raw = await b.store.load_checkpoint(approved)
         state = decode_state(raw or b"")
         assert state is not None and state.approval_id == req_a.approval_id
-        assert state.pending[0].name == "send_message" and state.at_seq == req_a.seq
+        assert state.pending[0].name == "send_message" and state.at_seq == req_a.seq - 1
 
         await b.decide(req_a.approval_id, "approve", "bob", "go ahead")
         await b.decide(req_d.approval_id, "reject", "bob", "not now")

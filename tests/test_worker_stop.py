@@ -98,6 +98,8 @@ async def test_stop_while_waiting_for_approval(settings: Settings) -> None:
     audit = _check_abort(evs, "carol", "changed my mind", step=2)
     assert audit.side_effects == []  # send_message never ran
     assert not of(evs, events.ApprovalDecided)
+    skipped = [r for r in of(evs, events.ToolResult) if r.tool_call_id == req.tool_call_id]
+    assert [(r.status, r.summary) for r in skipped] == [("skipped", "not run: the run ended")]
 
 
 async def test_stop_sent_before_a_worker_took_the_run(settings: Settings) -> None:

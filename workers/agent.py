@@ -45,8 +45,8 @@ from .model import (
     ToolCallDone,
     Usage,
 )
-from .state import AgentState
-from .toolstep import run_tool_call, wait_and_record
+from .state import AgentState, ResumePoint
+from .toolstep import append_request, run_tool_call, wait_and_record
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,9 @@ class Agent:
         self._bg: set[asyncio.Task[None]] = set()
         self.state = AgentState()
 
-    async def run(self, state: AgentState | None = None) -> Outcome:
+    async def run(
+        self, state: AgentState | None = None, resume: ResumePoint | None = None
+    ) -> Outcome:
         """Execute the run (from the start, or resumed from a checkpoint) and
         end it. Never raises but CancelledError (ownership lost)."""
         ctx = self.ctx
@@ -84,7 +86,7 @@ class Agent:
                     await self._begin()
                     await self._loop()
                 else:
-                    await self._resume(state)
+                    await self._resume(state, resume or ResumePoint(True, None))
                 await self._end(
                     events.RunEnd(status="completed", usage=_usage(self.state.usage)), None
                 )
@@ -133,7 +135,7 @@ class Agent:
             self.state.messages.append(Message(role="system", content=ctx.settings.system_prompt))
         self.state.messages.append(Message(role="user", content=run.input))
 
-    async def _resume(self, state: AgentState) -> None:
+    async def _resume(self, state: AgentState, resume: ResumePoint) -> None:
         """Continue a run taken over while it waited for an approval."""
         ctx = self.ctx
         self.state = state
@@ -141,7 +143,9 @@ class Agent:
         ctx.produced_output = state.at_seq > 1
         await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
         if state.approval_id and state.pending:
-            decision = await wait_and_record(ctx, state)
+            if not resume.requested:  # the old owner died before it was logged
+                await append_request(ctx, state)
+            decision = await wait_and_record(ctx, state, logged=resume.decided)
             await run_tool_call(ctx, state, state.pending[0], decision)
             state.pending.pop(0)
         await self._run_pending()
@@ -262,6 +266,18 @@ class Agent:
 
     # -- ending
 
+    async def _close_pending(self) -> None:
+        """Every tool card gets its result: calls the run ends before are skipped."""
+        ctx = self.ctx
+        for call in self.state.pending:
+            if call.id not in ctx.resulted:
+                ctx.resulted.add(call.id)
+                await ctx.append(
+                    events.ToolResult(
+                        tool_call_id=call.id, status="skipped", summary="not run: the run ended"
+                    )
+                )
+
     async def _end(self, last: events.RunEnd, error: events.RunError | None) -> None:
         ctx = self.ctx
         if error is not None:
@@ -278,6 +294,7 @@ class Agent:
         ctx = self.ctx
         stop = ctx.signals.stop
         assert stop is not None
+        await self._close_pending()
         at_seq = ctx.writer.last_seq
         await ctx.append(
             events.InterruptRequested(requested_by=stop.requested_by, reason=stop.reason)
@@ -297,6 +314,7 @@ class Agent:
             ctx.metrics.partial_persist.inc()
 
     async def _end_failed(self, f: RunFailure) -> None:
+        await self._close_pending()
         self.ctx.metrics.errors.labels(self.ctx.metrics.error_label(f.code)).inc()
         await self._end(
             events.RunEnd(status="failed", usage=_usage(self.state.usage)),

@@ -15,7 +15,7 @@ import logging
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from broker import control
 from broker.bus import Bus
@@ -31,7 +31,7 @@ class ControlFollower:
         self._bus = bus
         self._run_id = run_id
         self._signals = signals
-        self._sub: object | None = None
+        self._sub: JetStreamContext.PushSubscription | None = None
 
     async def start(self) -> None:
         try:
@@ -51,7 +51,7 @@ class ControlFollower:
         sub, self._sub = self._sub, None
         if sub is not None:
             try:
-                await sub.unsubscribe()  # type: ignore[attr-defined]
+                await sub.unsubscribe()
             except (nats.errors.Error, OSError, TimeoutError):
                 pass
 

@@ -7,9 +7,12 @@ checkpoint written by an older worker resumes on a newer one.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgspec
 
 from .model import Message, ToolCall, Usage
+from .signals import DecisionInfo
 
 CHECKPOINT_VERSION = 1
 
@@ -24,12 +27,21 @@ class AgentState(msgspec.Struct, kw_only=True):
     pending: list[ToolCall] = []
     approval_id: str = ""
     approval_expires_at: int = 0  # ms since the epoch
-    # Last seq of the run's log when the checkpoint was written: a takeover
-    # resumes only if the log still ends there (nothing happened since).
+    approval_summary: str = ""
+    # Last seq of the run's log when the checkpoint was written (just before
+    # approval_required): a takeover resumes only if what follows it is the
+    # approval's own events.
     at_seq: int = 0
     side_effects: list[str] = []  # tool calls with side effects that started
     active_s: float = 0.0  # run time used so far (the run timeout's budget)
     trace_id: str = ""
+
+
+class ResumePoint(NamedTuple):
+    """For a takeover: what of the awaited approval is already in the log."""
+
+    requested: bool  # approval_required
+    decided: DecisionInfo | None  # approval_decided
 
 
 _encoder = msgspec.json.Encoder()

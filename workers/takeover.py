@@ -6,7 +6,7 @@ The new owner holds a higher epoch, so the old one, if it is still alive
 | the run | outcome |
 |---|---|
 | nothing in its log yet (the owner died before `run_start` committed), at most two restarts | `restarted`: executed from the start |
-| checkpointed while waiting for an approval, and the log still ends where the checkpoint was taken | `resumed`: waits for (or finds) the decision, then goes on |
+| checkpointed while waiting for an approval, and the log after the checkpoint holds only that approval's events | `resumed`: waits for (or finds) the decision, then goes on |
 | a stop was requested | `aborted`: `interrupt_requested` + `run_end` aborted, with the audit |
 | anything else (it was streaming or running a tool) | `failed`: `run_error` worker_lost (retryable) + `run_end` failed |
 
@@ -24,11 +24,17 @@ from broker.store import Ownership, Store
 
 from .errors import RunFailure
 from .metrics import WorkerMetrics
-from .state import AgentState, decode_state
+from .signals import DecisionInfo
+from .state import AgentState, ResumePoint, decode_state
 
 # claim_queued gives epoch 1; restarts of an empty run stop after epoch 3,
 # so a run that kills its worker before its first event cannot loop forever.
 _MAX_RESTART_EPOCH = 3
+
+
+# After the checkpoint: approval_required, approval_decided and a few
+# `status` events (one per resume) at most.
+_MAX_TAIL = 16
 
 
 class TakeoverPlan(NamedTuple):
@@ -36,6 +42,7 @@ class TakeoverPlan(NamedTuple):
     run: bool  # execute it (from `state`, or from the start if None)
     state: AgentState | None
     stop: tuple[str, int, str] | None
+    resume: ResumePoint | None
 
     async def end(self, store: Store, writer: RunWriter, metrics: WorkerMetrics) -> None:
         await approvals.close_open_for_run(store.pool, writer.run_id)
@@ -68,13 +75,36 @@ async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
     state = decode_state(raw) if raw else None
     info = await store.get_run(own.run_id)
     if own.last_seq == 0 and own.epoch <= _MAX_RESTART_EPOCH:
-        return TakeoverPlan("restarted", True, None, stop)
+        return TakeoverPlan("restarted", True, None, stop, None)
     if (
         state is not None
         and info.status == "waiting_approval"
         and state.approval_id
         and state.pending
-        and state.at_seq == own.last_seq
+        and (resume := await _approval_tail(store, own, state)) is not None
     ):
-        return TakeoverPlan("resumed", True, state, stop)
-    return TakeoverPlan("aborted" if stop else "failed", False, state, stop)
+        return TakeoverPlan("resumed", True, state, stop, resume)
+    return TakeoverPlan("aborted" if stop else "failed", False, state, stop, None)
+
+
+async def _approval_tail(store: Store, own: Ownership, state: AgentState) -> ResumePoint | None:
+    """What of the approval made it into the log after the checkpoint; None
+    if anything else happened there (then the run cannot be resumed)."""
+    if own.last_seq < state.at_seq:
+        return None
+    tail = await store.run_page(own.run_id, state.at_seq, _MAX_TAIL + 1)
+    if len(tail) > _MAX_TAIL or len(tail) != own.last_seq - state.at_seq:
+        return None
+    requested = False
+    decided: DecisionInfo | None = None
+    for item in tail:
+        ev = events.decode_stored(item.payload)
+        if isinstance(ev, events.ApprovalRequired) and ev.approval_id == state.approval_id:
+            requested = True
+        elif isinstance(ev, events.ApprovalDecided) and ev.approval_id == state.approval_id:
+            decided = DecisionInfo(ev.decision, ev.decided_by, ev.comment)
+        elif not isinstance(ev, events.Status):
+            return None
+    if decided is not None and not requested:
+        return None
+    return ResumePoint(requested, decided)

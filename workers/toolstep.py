@@ -3,9 +3,10 @@
 Approval, step by step (every step survives the worker's death):
 
 1. the approval row is created in PostgreSQL (id, expiry);
-2. `approval_required` is appended and flushed;
-3. the agent state is checkpointed under the owner's epoch, run status
-   `waiting_approval`, recording the log's last seq;
+2. what was appended so far is flushed, and the agent state is checkpointed
+   under the owner's epoch (run status `waiting_approval`), recording the
+   seq the log ends at;
+3. `approval_required` is appended and flushed;
 4. the worker waits for the decision: the control message, a poll of
    PostgreSQL every `approval_poll_s`, or the expiry;
 5. `approval_decided` is appended and flushed, then the checkpoint cleared
@@ -13,10 +14,12 @@ Approval, step by step (every step survives the worker's death):
 6. approve → the tool runs; reject → tool_result `denied`; expired →
    tool_result `skipped` ("approval expired"). The run goes on either way.
 
-A takeover resumes at step 4 only if the log still ends at the seq the
-checkpoint recorded; past step 5 nothing is resumed (the tool may have run),
-the run is ended with `worker_lost`. So `approval_decided` is never written
-twice and a tool never runs twice.
+A takeover finds the checkpoint and what the log holds after its seq: only
+`approval_required` and `approval_decided` (and `status`) there means steps
+3-5 were in flight, and the run resumes: the request is appended if missing,
+the logged decision is used if present (never written twice), else it waits.
+Anything else there (the tool started) ends the run with `worker_lost`; with
+no checkpoint (cleared at step 5) likewise. So a tool never runs twice.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ async def run_tool_call(
 async def _execute(
     ctx: RunContext, state: AgentState, call: ToolCall, tool: Tool, args: dict[str, object]
 ) -> None:
+    ctx.check_halt()  # stopped since the last phase: the tool never starts
     if tool.side_effects:
         state.side_effects.append(call.id)
     t0 = time.monotonic()
@@ -128,6 +132,7 @@ async def _result(
     model_text: str = "",
 ) -> None:
     output = raw if (ctx.settings.tool_raw_output and raw) else None
+    ctx.resulted.add(call.id)
     await ctx.append(
         events.ToolResult(tool_call_id=call.id, status=status, summary=summary, output=output)
     )
@@ -145,34 +150,41 @@ async def request_approval(
     ctx: RunContext, state: AgentState, call: ToolCall, tool: Tool
 ) -> DecisionInfo:
     s = ctx.settings
-    approval_id = ids.approval_id()
-    expires_at = ctx.now_ms() + int(s.approval_timeout_s * 1000)
-    summary = tool.approval_summary(call.arguments)
+    state.approval_id = ids.approval_id()
+    state.approval_expires_at = ctx.now_ms() + int(s.approval_timeout_s * 1000)
+    state.approval_summary = tool.approval_summary(call.arguments)
     await retry_transient(
         lambda: approvals.create(
             ctx.store.pool,
-            approval_id=approval_id,
+            approval_id=state.approval_id,
             run_id=ctx.run.run_id,
             tool_call_id=call.id,
-            summary=summary,
-            expires_at_ms=expires_at,
+            summary=state.approval_summary,
+            expires_at_ms=state.approval_expires_at,
         ),
         for_s=s.db_retry_s,
         what="approval create",
     )
-    await ctx.append(
-        events.ApprovalRequired(
-            approval_id=approval_id, tool_call_id=call.id, summary=summary, expires_at=expires_at
-        )
-    )
-    await ctx.writer.flush()
-    state.approval_id = approval_id
-    state.approval_expires_at = expires_at
-    state.at_seq = ctx.writer.last_seq
+    # The checkpoint records where the log ends before approval_required, so
+    # a takeover can tell what of the approval made it into the log.
+    state.at_seq = await ctx.writer.flush()
     state.active_s = ctx.used_s()
     if not await _checkpoint(ctx, encode_state(state), "waiting_approval"):
         raise errors.StaleEpoch(f"run {ctx.run.run_id}: ownership lost before the checkpoint")
+    await append_request(ctx, state)
     return await wait_and_record(ctx, state)
+
+
+async def append_request(ctx: RunContext, state: AgentState) -> None:
+    await ctx.append(
+        events.ApprovalRequired(
+            approval_id=state.approval_id,
+            tool_call_id=state.pending[0].id,
+            summary=state.approval_summary,
+            expires_at=state.approval_expires_at,
+        )
+    )
+    await ctx.writer.flush()
 
 
 async def _checkpoint(ctx: RunContext, data: bytes | None, status: str) -> bool:
@@ -184,26 +196,32 @@ async def _checkpoint(ctx: RunContext, data: bytes | None, status: str) -> bool:
     )
 
 
-async def wait_and_record(ctx: RunContext, state: AgentState) -> DecisionInfo:
-    """Wait for the decision on `state.approval_id`, then log it (once)."""
+async def wait_and_record(
+    ctx: RunContext, state: AgentState, logged: DecisionInfo | None = None
+) -> DecisionInfo:
+    """Wait for the decision on `state.approval_id` and log it — unless
+    `logged`: a takeover found it already in the log."""
     m = ctx.metrics
-    ctx.pause_clock()
-    m.approvals_waiting.inc()
-    try:
-        decision = await _wait_decision(ctx, state.approval_id, state.approval_expires_at)
-    finally:
-        m.approvals_waiting.dec()
-        ctx.resume_clock()
-    m.approvals.labels(decision.decision).inc()
-    await ctx.append(
-        events.ApprovalDecided(
-            approval_id=state.approval_id,
-            decision=decision.decision,  # type: ignore[arg-type]
-            decided_by=decision.decided_by,
-            comment=decision.comment,
+    if logged is not None:
+        decision = logged
+    else:
+        ctx.pause_clock()
+        m.approvals_waiting.inc()
+        try:
+            decision = await _wait_decision(ctx, state.approval_id, state.approval_expires_at)
+        finally:
+            m.approvals_waiting.dec()
+            ctx.resume_clock()
+        m.approvals.labels(decision.decision).inc()
+        await ctx.append(
+            events.ApprovalDecided(
+                approval_id=state.approval_id,
+                decision=decision.decision,  # type: ignore[arg-type]
+                decided_by=decision.decided_by,
+                comment=decision.comment,
+            )
         )
-    )
-    await ctx.writer.flush()
+        await ctx.writer.flush()
     state.approval_id = ""
     if not await _checkpoint(ctx, None, "running"):
         raise errors.StaleEpoch(f"run {ctx.run.run_id}: ownership lost after the decision")

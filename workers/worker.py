@@ -41,7 +41,7 @@ import asyncpg
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 from prometheus_client import CollectorRegistry
 
 from broker import control, errors
@@ -58,7 +58,7 @@ from .lease import keep_lease
 from .metrics import WorkerMetrics
 from .model import ModelAdapter
 from .signals import RunSignals
-from .state import AgentState
+from .state import AgentState, ResumePoint
 from .takeover import plan_takeover
 from .tools import ToolRegistry, load_tools
 
@@ -100,7 +100,7 @@ class Worker:
         self._draining = False
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._psub: object | None = None
+        self._psub: JetStreamContext.PullSubscription | None = None
 
     @property
     def active_runs(self) -> list[str]:
@@ -171,7 +171,7 @@ class Worker:
         psub, self._psub = self._psub, None
         if psub is not None:
             try:
-                await psub.unsubscribe()  # type: ignore[attr-defined]
+                await psub.unsubscribe()
             except (nats.errors.Error, OSError, TimeoutError):
                 pass
         if self._adapter is not None:
@@ -192,7 +192,7 @@ class Worker:
                     pass
                 continue
             try:
-                msgs = await self._psub.fetch(batch=free, timeout=_FETCH_TIMEOUT_S)  # type: ignore[attr-defined]
+                msgs = await self._psub.fetch(batch=free, timeout=_FETCH_TIMEOUT_S)
             except (nats.errors.TimeoutError, TimeoutError):
                 continue
             except (nats.errors.Error, OSError) as e:
@@ -252,14 +252,24 @@ class Worker:
 
     # -- execution
 
-    def _spawn(self, own: Ownership, state: AgentState | None) -> None:
+    def _spawn(
+        self, own: Ownership, state: AgentState | None, resume: ResumePoint | None = None
+    ) -> None:
         signals = RunSignals()
-        task = asyncio.create_task(self._execute(own, signals, state), name=f"run-{own.run_id}")
+        task = asyncio.create_task(
+            self._execute(own, signals, state, resume), name=f"run-{own.run_id}"
+        )
         self._runs[own.run_id] = _Owned(own, signals, task)
         assert self.metrics is not None
         self.metrics.runs_active.set(len(self._runs))
 
-    async def _execute(self, own: Ownership, signals: RunSignals, state: AgentState | None) -> None:
+    async def _execute(
+        self,
+        own: Ownership,
+        signals: RunSignals,
+        state: AgentState | None,
+        resume: ResumePoint | None,
+    ) -> None:
         b = self.broker
         m = self.metrics
         assert m is not None and self._adapter is not None and self._tools is not None
@@ -294,7 +304,7 @@ class Worker:
                 registry=self._tools,
             )
             agent = Agent(ctx, self._adapter, model_name=model_name(self._adapter, self.settings))
-            outcome = await agent.run(state)
+            outcome = await agent.run(state, resume)
         except asyncio.CancelledError:
             log.info("run %s: cancelled (ownership lost or worker closing)", own.run_id)
         except Exception:
@@ -347,7 +357,7 @@ class Worker:
                 plan = await plan_takeover(store, own)
                 log.info("run %s: taken over (%s)", run_id, plan.outcome)
                 if plan.run:
-                    self._spawn(own, plan.state)
+                    self._spawn(own, plan.state, plan.resume)
                 else:
                     await plan.end(store, self.broker.writer(own), m)
             except errors.RunlogError as e:

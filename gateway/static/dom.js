@@ -10,8 +10,10 @@ export function h(tag, props = {}, ...children) {
   for (const [k, v] of Object.entries(props)) {
     if (v === undefined || v === null || v === false) continue;
     if (k === "class") el.className = v;
-    else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v === true ? "" : String(v));
+    else if (k.startsWith("on")) {
+      if (typeof v !== "function") throw new TypeError(`${k} must be a function`);
+      el.addEventListener(k.slice(2), v);
+    } else el.setAttribute(k, v === true ? "" : String(v));
   }
   for (const c of children.flat()) {
     if (c !== null && c !== undefined && c !== false) el.append(c); // a string becomes a Text node

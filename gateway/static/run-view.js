@@ -112,6 +112,7 @@ export class RunView {
         break;
       case "approval_required": {
         const tool = this.tools.get(e.tool_call_id);
+        tool?.awaitingApproval();
         const card = new ApprovalCard(e, this, tool?.name ?? "");
         this.approvals.set(e.approval_id, card);
         this.add(card.el);
@@ -194,7 +195,7 @@ export class RunView {
     this.stopBtn.textContent = "Stopping…";
     clearError(this.error);
     try {
-      await this.ctx.client.interrupt(this.id, `stopped from the console by ${this.ctx.me}`);
+      await this.ctx.client.interrupt(this.id, "stopped from the console");
     } catch (e) {
       showError(this.error, e);
       if (!this.ended) {
@@ -273,11 +274,16 @@ class ToolCard {
   called() {
     this.el.dataset.state = "called";
     this.state.textContent = "running…";
+    if (this.raw.length <= 100) return; // short arguments read best on one line
     try {
       this.argsNode.data = JSON.stringify(JSON.parse(this.raw), null, 2);
     } catch {
       /* keep the raw text */
     }
+  }
+
+  awaitingApproval() {
+    if (!this.done) this.state.textContent = "awaiting approval";
   }
 
   progress(e) {
@@ -310,6 +316,7 @@ class ApprovalCard {
     this.expiresAt = e.expires_at;
     this.pending = true;
     this.expires = h("span", { class: "expires" });
+    this.title = h("strong", {}, "Approval needed");
     this.error = h("p", { class: "error-text" });
     this.error.hidden = true;
     this.decision = h("div", { class: "approval-decision" });
@@ -322,7 +329,7 @@ class ApprovalCard {
     this.el = h("div", { class: "approval", "data-approval-id": e.approval_id, "data-state": "pending" },
       h("div", { class: "approval-head" },
         h("span", { class: "approval-icon", "aria-hidden": "true" }, "!"),
-        h("strong", {}, "Approval needed"),
+        this.title,
         toolName ? h("span", { class: "tool-name" }, toolName) : null,
         h("span", { class: "spacer" }), this.expires),
       h("div", { class: "approval-summary" }, e.summary),
@@ -354,6 +361,7 @@ class ApprovalCard {
     this.pending = false;
     this.expires.textContent = "";
     this.el.dataset.state = e.decision;
+    this.title.textContent = "Approval";
     this.actions.hidden = true;
     clearError(this.error);
     const who = e.decision === "expired" ? "nobody decided in time" : `by ${e.decided_by || "?"}`;

@@ -6,19 +6,11 @@ needs nothing but the standard library.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from broker import errors
 from broker.settings import Settings
 from workers.model import ModelAdapter
 
 ADAPTERS = ("scripted", "openai", "anthropic")
-
-
-class ClosableAdapter(ModelAdapter, Protocol):
-    model: str
-
-    async def aclose(self) -> None: ...
 
 
 def make_adapter(settings: Settings) -> ModelAdapter:

@@ -1,0 +1,269 @@
+"""Processes of the gateway and worker benchmarks, each measured apart.
+
+- `GatewayProc`: the real gateway, `python -m runlog.cli gateway`, configured
+  only through RUNLOG_* variables, on a free port.
+- `WorkerProc`: the real worker, `python -m runlog.cli worker`.
+- `RawServerProc`: bench/_rawws.py, the raw aiohttp server to compare with.
+- `LoadProc`: bench/_wsload.py, the client process (many WebSockets, SSE,
+  JSON pages), driven over stdin/stdout.
+- `Meter`: the CPU readers of `_lib.CpuMeter` plus any of these processes,
+  so that `_lib.Timer` reports each one's CPU and the host's outside load.
+
+All children inherit this process's raised RLIMIT_NOFILE; all are stopped by
+their own PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from broker.embedded import free_port
+
+from . import _lib
+from ._lib import Stack
+from ._wsload import raise_fd_limit
+
+REPO = Path(__file__).resolve().parent.parent
+# Generous pipe buffer: a latency dump is one JSON line of a few MB.
+_LINE_LIMIT = 256 * 1024 * 1024
+
+
+def _cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def rss_bytes(pid: int) -> int:
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+class Meter(_lib.CpuMeter):
+    """`_lib.CpuMeter` plus named child processes (added and removed as they come and go)."""
+
+    def __init__(self, st: Stack) -> None:
+        super().__init__(st)
+        self._pids: dict[str, int] = {}
+
+    def add(self, name: str, pid: int) -> None:
+        self._pids[name] = pid
+
+    def remove(self, name: str) -> None:
+        self._pids.pop(name, None)
+
+    def snapshot(self) -> dict[str, float]:
+        snap = super().snapshot()
+        for name, pid in self._pids.items():
+            try:
+                snap[name] = _cpu_s(pid)
+            except psutil.NoSuchProcess:
+                snap[name] = float("nan")
+        return snap
+
+
+def child_env(st: Stack, **settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLOG_")}
+    env.update(
+        RUNLOG_NATS_URL=st.nats_url,
+        RUNLOG_DATABASE_URL=st.database_url,
+        RUNLOG_LOG_LEVEL="warning",
+        PYTHONPATH=str(REPO),
+    )
+    for k, v in settings.items():
+        env["RUNLOG_" + k.upper()] = str(v)
+    return env
+
+
+class _Child:
+    """A child process whose output goes to a log file (read on failure)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc: asyncio.subprocess.Process | None = None
+        fd, path = tempfile.mkstemp(prefix=f"runlog-bench-{name}-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(path)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def output(self, tail: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-tail:]
+        return ""
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        p = self.proc
+        if p is not None and p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(p.wait(), timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                await p.wait()
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
+
+class GatewayProc(_Child):
+    """`profile`: run the gateway under cProfile, stats written to that file when it stops."""
+
+    def __init__(self, st: Stack, profile: Path | None = None, **settings: object) -> None:
+        super().__init__("gateway")
+        self.profile = profile
+        self.port = free_port()
+        self.env = child_env(st, gateway_host="127.0.0.1", gateway_port=self.port, **settings)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    async def start(self, timeout_s: float = 60.0) -> GatewayProc:
+        raise_fd_limit()
+        with self.log_path.open("wb") as log:
+            prof = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, *prof, "-m", "runlog.cli", "gateway", cwd=REPO, env=self.env,
+                stdout=log, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as http:
+            while True:
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"gateway exited:\n{self.output()}")
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with http.get(self.url + "/readyz") as r:
+                        if r.status == 200:
+                            return self
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"gateway not ready in {timeout_s} s:\n{self.output()}")
+                await asyncio.sleep(0.1)
+
+
+class WorkerProc(_Child):
+    def __init__(self, st: Stack, concurrency: int, **settings: object) -> None:
+        super().__init__("worker")
+        self.concurrency = concurrency
+        self.env = child_env(st, **settings)
+
+    async def start(self, timeout_s: float = 60.0) -> WorkerProc:
+        with self.log_path.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "runlog.cli", "worker", "--concurrency",
+                str(self.concurrency), cwd=REPO, env=self.env, stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while b" ready" not in self.log_path.read_bytes():
+            if self.proc.returncode is not None:
+                raise RuntimeError(f"worker exited:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker not ready in {timeout_s} s:\n{self.output()}")
+            await asyncio.sleep(0.05)
+        return self
+
+
+class _LineChild(_Child):
+    """A child that speaks one JSON object per line on stdin/stdout."""
+
+    async def _spawn(self, *argv: str) -> dict[str, Any]:
+        raise_fd_limit()
+        with self.log_path.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", *argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+                limit=_LINE_LIMIT,
+            )  # fmt: skip
+        return await self.read(60.0)
+
+    async def read(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        if not line:
+            raise RuntimeError(f"{self.name} exited:\n{self.output()}")
+        msg: dict[str, Any] = json.loads(line)
+        if not msg.get("ok"):
+            raise RuntimeError(f"{self.name}: {msg.get('error')}\n{self.output()}")
+        return msg
+
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is not None and self.proc.stdin is not None and self.proc.returncode is None:
+            with contextlib.suppress(OSError, BrokenPipeError, ConnectionResetError):
+                self.proc.stdin.close()
+        await super().stop(timeout_s)
+
+
+class RawServerProc(_LineChild):
+    def __init__(self, nats_url: str | None = None) -> None:
+        super().__init__("rawws")
+        self.nats_url = nats_url
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    async def start(self) -> RawServerProc:
+        argv = ["bench._rawws"] + (["--nats-url", self.nats_url] if self.nats_url else [])
+        self.port = (await self._spawn(*argv))["port"]
+        return self
+
+    async def broadcast(
+        self, count: int, rate: float = 0.0, seconds: float = 0.0, timeout_s: float = 300.0
+    ) -> dict[str, Any]:
+        params = {"count": count, "rate": rate, "seconds": seconds}
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http,
+            http.post(self.url + "/broadcast", params=params) as r,
+        ):
+            out: dict[str, Any] = await r.json()
+            return out
+
+
+class LoadProc(_LineChild):
+    def __init__(self, use_uvloop: bool = True) -> None:
+        super().__init__("wsload")
+        self.use_uvloop = use_uvloop
+
+    async def start(self) -> LoadProc:
+        await self._spawn("bench._wsload", *(["--uvloop"] if self.use_uvloop else []))
+        return self
+
+    async def call(self, cmd: str, timeout_s: float = 300.0, **kw: Any) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"cmd": cmd, **kw}) + "\n").encode())
+        await self.proc.stdin.drain()
+        return await self.read(timeout_s)
+
+    async def arm(self, target: int, timeout_s: float = 120.0) -> None:
+        """Start waiting for every connection to reach `target`; collect with `armed_result`."""
+        await self.call("arm", target=target, timeout_s=timeout_s)
+
+    async def armed_result(self, timeout_s: float = 180.0) -> dict[str, Any]:
+        return await self.read(timeout_s)

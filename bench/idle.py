@@ -1,0 +1,7 @@
+"""idle: (to do)."""
+
+def add_arguments(p):
+    pass
+
+async def run(args):
+    return {"figures": []}

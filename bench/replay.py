@@ -1,0 +1,7 @@
+"""replay: (to do)."""
+
+def add_arguments(p):
+    pass
+
+async def run(args):
+    return {"figures": []}

@@ -1,0 +1,7 @@
+"""worker: (to do)."""
+
+def add_arguments(p):
+    pass
+
+async def run(args):
+    return {"figures": []}

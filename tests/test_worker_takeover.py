@@ -1,0 +1,128 @@
+"""Takeover of a run whose owner died in the middle of an approval: each
+crash window resumes without writing anything twice (real NATS + PostgreSQL;
+the dead owner's state is written by hand, exactly as it would have been)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker import approvals, events, ids
+from broker.runtime import Broker
+from broker.settings import Settings
+from broker.store import Ownership
+from workers.model import Message, ToolCall
+from workers.state import AgentState, encode_state
+
+from .test_worker_kit import of, purge_jobs, read_run, running_worker, wait_event
+
+
+async def _dead_owner_waiting(b: Broker, *, logged: tuple[str, ...]) -> tuple[str, str, AgentState]:
+    """A run whose owner checkpointed an approval wait, logged `logged` of
+    ("approval_required", "approval_decided") after it, then died."""
+    session_id = await b.store.create_session("alice")
+    run_id = await b.store.create_run(session_id, "alice", input="send the report")
+    w = await b.claim(run_id, "dead-worker", lease_s=60)
+    search = ToolCall(id="call_1_0", name="search_docs", arguments='{"query":"report"}')
+    send = ToolCall(id="call_2_0", name="send_message", arguments='{"to":"a@b.c","text":"hi"}')
+    await w.append(events.RunStart(input="send the report"))
+    for call in (search, send):
+        await w.append(
+            events.ToolCallStart(tool_call_id=call.id, tool_name=call.name, risk_level="low")
+        )
+        await w.append(events.ToolArgsDelta(tool_call_id=call.id, partial_json=call.arguments))
+        await w.append(events.ToolCallEnd(tool_call_id=call.id))
+        if call is search:
+            await w.append(events.ToolResult(tool_call_id=call.id, status="ok", summary="3 docs"))
+    approval_id = ids.approval_id()
+    expires = int(time.time() * 1000) + 60_000
+    state = AgentState(
+        messages=[
+            Message(role="user", content="send the report"),
+            Message(role="assistant", tool_calls=[search]),
+            Message(role="tool", content="[]", tool_call_id=search.id, name=search.name),
+            Message(role="assistant", tool_calls=[send]),
+        ],
+        step=2,
+        pending=[send],
+        approval_id=approval_id,
+        approval_expires_at=expires,
+        approval_summary="send it?",
+        at_seq=await w.flush(),
+    )
+    await approvals.create(
+        b.store.pool, approval_id=approval_id, run_id=run_id, tool_call_id=send.id,
+        summary="send it?", expires_at_ms=expires,
+    )  # fmt: skip
+    assert await b.store.save_checkpoint(run_id, w.epoch, encode_state(state), "waiting_approval")
+    if "approval_required" in logged:
+        await w.append(
+            events.ApprovalRequired(
+                approval_id=approval_id, tool_call_id=send.id, summary="send it?",
+                expires_at=expires,
+            )
+        )  # fmt: skip
+    if "approval_decided" in logged:
+        await approvals.decide(b.store.pool, approval_id, "approve", "bob")
+        await w.append(
+            events.ApprovalDecided(approval_id=approval_id, decision="approve", decided_by="bob")
+        )
+    await w.flush()
+    return run_id, approval_id, state
+
+
+async def _die(b: Broker, run_id: str) -> None:
+    """The owner is gone: its lease ends now (as if it ran out)."""
+    info = await b.store.get_run(run_id)
+    await b.store.release(run_id, info.owner_epoch)
+
+
+@pytest.mark.parametrize(
+    "logged",
+    [(), ("approval_required",), ("approval_required", "approval_decided")],
+    ids=["before-request", "waiting", "after-decision"],
+)
+async def test_takeover_resumes_each_approval_window(
+    settings: Settings, logged: tuple[str, ...]
+) -> None:
+    async with running_worker(settings) as (b, w):
+        await purge_jobs(b)
+        run_id, approval_id, state = await _dead_owner_waiting(b, logged=logged)
+        await _die(b, run_id)
+        if "approval_decided" not in logged:
+            req = await _wait_request(b, run_id)
+            assert req.approval_id == approval_id and req.seq > state.at_seq
+            await b.decide(approval_id, "approve", "bob")
+        evs = await read_run(b, run_id)
+    assert w.metrics is not None and w.metrics.takeovers.labels("resumed")._value.get() == 1
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    (dec,) = of(evs, events.ApprovalDecided)
+    assert (dec.decision, dec.decided_by) == ("approve", "bob")
+    sent = [r for r in of(evs, events.ToolResult) if r.tool_call_id == "call_2_0"]
+    assert [r.status for r in sent] == ["ok"]  # ran exactly once
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_takeover_after_the_tool_started_fails_the_run(settings: Settings) -> None:
+    async with running_worker(settings) as (b, w):
+        await purge_jobs(b)
+        run_id, _, _ = await _dead_owner_waiting(
+            b, logged=("approval_required", "approval_decided")
+        )
+        # The dead owner had also started the tool (its checkpoint not yet cleared).
+        info = await b.store.get_run(run_id)
+        w2 = b.writer(Ownership(run_id, info.session_id, info.owner_epoch, info.last_seq))
+        await w2.append(events.Progress(label="sending", done=1, total=2))
+        await w2.flush()
+        await _die(b, run_id)
+        evs = await read_run(b, run_id)
+    assert w.metrics is not None and w.metrics.takeovers.labels("failed")._value.get() == 1
+    assert of(evs, events.RunError)[0].code == "worker_lost"
+    assert not [r for r in of(evs, events.ToolResult) if r.tool_call_id == "call_2_0"]
+
+
+async def _wait_request(b: Broker, run_id: str) -> events.ApprovalRequired:
+    ev = await wait_event(b, run_id, "approval_required")
+    assert isinstance(ev, events.ApprovalRequired)
+    return ev
