@@ -59,9 +59,7 @@ def _dashboard() -> dict[str, Any]:
 
 
 def _dashboard_exprs() -> list[str]:
-    return [
-        t["expr"] for p in _panels(_dashboard()["panels"]) for t in p.get("targets", [])
-    ]
+    return [t["expr"] for p in _panels(_dashboard()["panels"]) for t in p.get("targets", [])]
 
 
 def _alerts() -> list[dict[str, Any]]:

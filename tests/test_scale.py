@@ -6,10 +6,9 @@ are watched by 200 WebSocket clients spread over both gateways, each client
 following two runs, each run followed by eight clients (half of them in
 batch mode). While the first wave of runs streams, a new gateway and a new
 worker are started and one old gateway and one old worker get SIGTERM (a
-rolling replacement). Clients behave as the
-protocol asks: on `server_draining` or a dropped connection they reconnect
-(to another gateway, with jitter) and resubscribe from the last cursor they
-received.
+rolling replacement). Clients behave as the protocol asks: on
+`server_draining` or a dropped connection they reconnect (to another
+gateway, with jitter) and resubscribe from the last cursor they received.
 
 Asserted: every client ends with every event of both its runs exactly once,
 in order (a coalesced delta counts for the positions it covers), matching

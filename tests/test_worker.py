@@ -15,7 +15,7 @@ from broker.settings import Settings
 from workers.http import start_http
 
 from .helpers import KillableStack, make_settings
-from .test_worker_kit import of, read_run, running_worker, start, stored, text_of, wait_event
+from .workerkit import of, read_run, running_worker, start, stored, text_of, wait_event
 
 
 async def test_scripted_run_streams_identically_to_two_subscribers(settings: Settings) -> None:

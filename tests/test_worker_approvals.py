@@ -11,7 +11,7 @@ from broker import errors, events
 from broker.settings import Settings
 from workers.state import decode_state
 
-from .test_worker_kit import of, read_run, running_worker, start, text_of, wait_event
+from .workerkit import of, read_run, running_worker, start, text_of, wait_event
 
 
 async def test_approve_and_deny(settings: Settings) -> None:

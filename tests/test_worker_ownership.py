@@ -13,7 +13,7 @@ from broker import events
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from .test_worker_kit import (
+from .workerkit import (
     WorkerProcess,
     of,
     purge_jobs,

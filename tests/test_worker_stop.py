@@ -12,7 +12,7 @@ from broker.settings import Settings
 from workers.adapters.openai import OpenAIAdapter
 
 from .fakes.providers import FakeProvider, slow_tokens
-from .test_worker_kit import of, purge_jobs, read_run, running_worker, start, text_of, wait_event
+from .workerkit import of, purge_jobs, read_run, running_worker, start, text_of, wait_event
 
 
 def _check_abort(evs: list[events.AnyEvent], by: str, reason: str, step: int) -> events.StopAudit:

@@ -15,7 +15,7 @@ from broker.store import Ownership
 from workers.model import Message, ToolCall
 from workers.state import AgentState, encode_state
 
-from .test_worker_kit import of, purge_jobs, read_run, running_worker, wait_event
+from .workerkit import of, purge_jobs, read_run, running_worker, wait_event
 
 
 async def _dead_owner_waiting(b: Broker, *, logged: tuple[str, ...]) -> tuple[str, str, AgentState]:

@@ -22,7 +22,7 @@ from .fakes.providers import (
     openai_stream,
     tool_call_ids,
 )
-from .test_worker_kit import of, read_run, running_worker, start, text_of
+from .workerkit import of, read_run, running_worker, start, text_of
 
 Vendor = Literal["openai", "anthropic"]
 
