@@ -103,7 +103,9 @@ async def append_paced(
     while sent < total:
         due = int(min(total, (loop.time() - t0 + tick_s) * rate_per_s))
         while sent < due:
-            await w.append(events.TextDelta(message_id=message_id, delta=tokens[sent % len(tokens)]))
+            await w.append(
+                events.TextDelta(message_id=message_id, delta=tokens[sent % len(tokens)])
+            )
             sent += 1
         await asyncio.sleep(tick_s)
     await w.flush()

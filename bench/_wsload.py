@@ -173,7 +173,6 @@ class WsConn(asyncio.Protocol):
 
     def _frames(self, t: float) -> None:
         buf = self.buf
-        load = self.load
         i = 0
         n = len(buf)
         while n - i >= 2:

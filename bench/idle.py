@@ -1,7 +1,159 @@
-"""idle: (to do)."""
+"""idle: gateway memory per idle WebSocket connection, at --conns connections,
+next to a raw aiohttp server's in the same run.
 
-def add_arguments(p):
-    pass
+Per trial, a fresh gateway process (`runlog gateway`) is warmed up (a few
+connections open, subscribe and close, so code paths, the database pool and
+first allocations are not charged to the measured connections), then its RSS
+is read (before); the client process opens --conns WebSockets, each
+authenticated at the upgrade (bearer token) and answered with `hello`; RSS
+after (unsubscribed). Then each subscribes to one of --sessions sessions
+(`{"type":"subscribe","session_id":...}`, the way a collaborative console
+follows its session) and waits for `subscribed`; RSS again (subscribed). Each
+figure is (RSS after - RSS before) / connections, measured --settle-s after
+the last connection or subscription.
 
-async def run(args):
-    return {"figures": []}
+Raw, same trial: a fresh raw aiohttp server (bench/_rawws.py: a plain
+`WebSocketResponse` per connection, no heartbeat), the same client, the same
+number of connections.
+
+Both this process and the children raise RLIMIT_NOFILE to its hard limit;
+the client spreads its connections over source addresses 127.0.0.2… so
+ephemeral ports and TIME_WAIT of earlier trials never run out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from . import _gw, _lib
+from ._gw import progress
+from ._lib import Figure, Stack
+from ._procs import GatewayProc, LoadProc, RawServerProc
+from ._wsload import raise_fd_limit
+
+KIB = 1024
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conns", type=int, default=10_000, help="connections (default: 10000)")
+    p.add_argument("--sessions", type=int, default=100,
+                   help="sessions the connections subscribe to, round robin (default: 100)")  # fmt: skip
+    p.add_argument("--settle-s", type=float, default=2.0, help="wait before reading RSS (default: 2)")  # fmt: skip
+    p.add_argument("--sources", type=int, default=32, help="client source addresses (default: 32)")  # fmt: skip
+    p.add_argument("--no-raw", action="store_true", help="skip the raw aiohttp server")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    limit = raise_fd_limit()
+    if limit < args.conns + 1000:
+        raise SystemExit(
+            f"RLIMIT_NOFILE hard limit {limit} is too low for {args.conns} connections"
+        )
+    per_trial: list[dict[str, Any]] = []
+    async with _lib.stack(args.work_dir) as st:
+        versions = await _lib.server_versions(st)
+        b = await _gw.connect_broker(st)
+        try:
+            sessions = [
+                await b.store.create_session(_gw.USER, "bench idle") for _ in range(args.sessions)
+            ]
+            for trial in range(args.trials):
+                t: dict[str, Any] = {"gateway": await _gateway(st, sessions, args)}
+                g = t["gateway"]
+                progress(f"trial {trial + 1}: gateway {g['unsub_kib']:.1f} KiB/conn unsubscribed, "
+                         f"{g['sub_kib']:.1f} KiB/conn subscribed")  # fmt: skip
+                if not args.no_raw:
+                    t["raw"] = r = await _raw(args)
+                    progress(f"trial {trial + 1}: raw aiohttp {r['kib']:.1f} KiB/conn")
+                per_trial.append(t)
+        finally:
+            await b.close()
+    return {"servers": versions, "figures": _figures(per_trial, args), "trials": per_trial}
+
+
+async def _gateway(st: Stack, sessions: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    gw = await GatewayProc(st).start()
+    load = await LoadProc().start()
+    n = args.conns
+    token = _gw.token()
+    try:
+        # Warm-up, not measured.
+        await load.call("connect", url=gw.ws_url, n=20, token=token, protocol="runlog.v1")
+        await load.call("subscribe", topics=[f"session:{s}" for s in sessions[:20]])
+        await load.call("close_all")
+        await asyncio.sleep(args.settle_s)
+        rss0 = gw.rss()
+        c = await load.call("connect", url=gw.ws_url, n=n, token=token, protocol="runlog.v1",
+                            sources=args.sources, timeout_s=600)  # fmt: skip
+        await asyncio.sleep(args.settle_s)
+        rss1 = gw.rss()
+        s = await load.call("subscribe", topics=[f"session:{x}" for x in sessions], timeout_s=600)
+        if s["n_errors"]:
+            raise RuntimeError(f"subscribe failed ({s['n_errors']}): {s['errors']}")
+        await asyncio.sleep(args.settle_s)
+        rss2 = gw.rss()
+        stats = await load.call("stats")
+        client_rss = (await load.call("rss"))["rss"]
+        if stats["closed"]:
+            raise RuntimeError(f"{stats['closed']} connections closed: {stats['closes']}")
+    finally:
+        await load.stop()
+        await gw.stop(timeout_s=30)
+    return {
+        "conns": n,
+        "rss_before": rss0,
+        "rss_unsub": rss1,
+        "rss_sub": rss2,
+        "unsub_kib": (rss1 - rss0) / n / KIB,
+        "sub_kib": (rss2 - rss0) / n / KIB,
+        "subscription_kib": (rss2 - rss1) / n / KIB,
+        "connect_s": c["seconds"],
+        "subscribe_s": s["seconds"],
+        "client_kib": (client_rss - c["rss0"]) / n / KIB,
+    }
+
+
+async def _raw(args: argparse.Namespace) -> dict[str, Any]:
+    raw = await RawServerProc().start()
+    load = await LoadProc().start()
+    n = args.conns
+    try:
+        await load.call("connect", url=raw.ws_url, n=20, hello=False)
+        await load.call("close_all")
+        await asyncio.sleep(args.settle_s)
+        rss0 = raw.rss()
+        c = await load.call("connect", url=raw.ws_url, n=n, hello=False, sources=args.sources,
+                            timeout_s=600)  # fmt: skip
+        await asyncio.sleep(args.settle_s)
+        rss1 = raw.rss()
+    finally:
+        await load.stop()
+        await raw.stop(timeout_s=30)
+    return {"conns": n, "rss_before": rss0, "rss_after": rss1, "kib": (rss1 - rss0) / n / KIB,
+            "connect_s": c["seconds"]}  # fmt: skip
+
+
+def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[Figure]:
+    figs: list[Figure] = []
+
+    def add(section: str, name: str, unit: str, which: str, key: str) -> None:
+        figs.append(_lib.summarize(section, name, unit, [t[which][key] for t in per_trial]))
+
+    sec = f"{args.conns:,} idle WebSocket connections, one gateway process"
+    add(
+        sec, "gateway RSS, authenticated, subscribed to a session", "KiB/conn", "gateway", "sub_kib"
+    )
+    add(sec, "gateway RSS, authenticated, not subscribed", "KiB/conn", "gateway", "unsub_kib")
+    add(sec, "… of which the subscription", "KiB/conn", "gateway", "subscription_kib")
+    if not args.no_raw:
+        add(sec, "raw aiohttp server RSS", "KiB/conn", "raw", "kib")
+        vals = [t["gateway"]["sub_kib"] / t["raw"]["kib"] for t in per_trial]
+        figs.append(_lib.summarize(sec, "gateway (subscribed) / raw", "ratio", vals))
+    figs.append(_lib.summarize(sec, "gateway RSS before the connections", "MiB",
+                               [t["gateway"]["rss_before"] / KIB / KIB for t in per_trial]))  # fmt: skip
+    add(sec, "time to open and authenticate all", "s", "gateway", "connect_s")
+    add(sec, "time to subscribe all", "s", "gateway", "subscribe_s")
+    add(sec, "client process RSS", "KiB/conn", "gateway", "client_kib")
+    return figs

@@ -96,7 +96,8 @@ async def prune(
                 totals[i] += n
             batches += 1
             log.info("prune: batch %d, %d run(s), %d event(s)", batches, counts[0], counts[1])
-    return PruneReport(cutoff, dry_run, *totals, batches)
+    runs, events, approvals, audit = totals
+    return PruneReport(cutoff, dry_run, runs, events, approvals, audit, batches)
 
 
 def _batches(runs: list[tuple[str, int]], batch_events: int) -> list[list[str]]:
