@@ -137,6 +137,16 @@ finally:
     prof.dump_stats(sys.argv[1])
 """
 
+# BENCH_GATEWAY_PRELOAD=file.py: run that file in the gateway process before
+# it starts. For A/B experiments with a patched gateway (a suggested change
+# tried without touching gateway/); never set by the scenarios themselves.
+_PRELOADED_GATEWAY = """
+import runpy, sys
+from runlog import cli
+runpy.run_path(sys.argv[1])
+cli.main(["gateway"])
+"""
+
 
 class GatewayProc(_Child):
     """`profile`: run the gateway under cProfile (CPU time), stats written to
@@ -159,8 +169,11 @@ class GatewayProc(_Child):
     async def start(self, timeout_s: float = 60.0) -> GatewayProc:
         raise_fd_limit()
         with self.log_path.open("wb") as log:
+            preload = os.environ.get("BENCH_GATEWAY_PRELOAD")
             if self.profile:
                 argv = ["-c", _PROFILED_GATEWAY, str(self.profile)]
+            elif preload:
+                argv = ["-c", _PRELOADED_GATEWAY, preload]
             else:
                 argv = ["-m", "runlog.cli", "gateway"]
             self.proc = await asyncio.create_subprocess_exec(

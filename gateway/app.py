@@ -31,6 +31,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    resp = await _handle_errors(request, handler)
+    gw = request.app.get(GATEWAY)
+    if gw is not None:
+        # Route templates, not paths: a bounded label set.
+        info = request.match_info.route.resource
+        route = info.canonical if info is not None else "unmatched"
+        gw.metrics.requests.labels(route, f"{resp.status // 100}xx").inc()
+    return resp
+
+
+async def _handle_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except errors.RunlogError as e:

@@ -68,19 +68,26 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
                 wenv = {**env, "RUNLOG_WORKER_METRICS_PORT": str(port)}
                 worker_metrics.append(f"http://{settings.gateway_host}:{port}/metrics")
             children.append((f"worker {i + 1}", await _spawn(["worker"], wenv)))
-        urls = []
+        urls = [
+            f"http://{settings.gateway_host}:{settings.gateway_port + i}" for i in range(gateways)
+        ]
+        # A console served by one gateway fails over to the others: each allows
+        # the others' origins (WebSocket Origin check and CORS).
+        origins = ",".join(
+            o for o in [settings.allowed_origins, *urls, *_localhost_aliases(urls)] if o
+        )
         for i in range(gateways):
             port = settings.gateway_port + i
-            genv = {**env, "RUNLOG_GATEWAY_PORT": str(port)}
+            genv = {**env, "RUNLOG_GATEWAY_PORT": str(port), "RUNLOG_ALLOWED_ORIGINS": origins}
             children.append((f"gateway :{port}", await _spawn(["gateway"], genv)))
-            urls.append(f"http://{settings.gateway_host}:{port}")
         await _wait_ready(urls, children)
 
         from gateway import auth
 
         token = auth.mint(settings, "you", ttl_s=12 * 3600)
         print("runlog is up", flush=True)
-        print(f"  console:     {urls[0]}/#token={token}", flush=True)
+        failover = f"&gateways={','.join(urls)}" if len(urls) > 1 else ""
+        print(f"  console:     {urls[0]}/#token={token}{failover}", flush=True)
         for u in urls:
             print(f"  gateway:     {u}  (REST {u}/v1, WebSocket {u.replace('http', 'ws')}/v1/ws,"
                   f" metrics {u}/metrics)", flush=True)  # fmt: skip
@@ -103,6 +110,17 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
             except Exception:
                 log.exception("could not stop %s", type(server).__name__)
         print("runlog stopped", flush=True)
+
+
+def _localhost_aliases(urls: list[str]) -> list[str]:
+    """127.0.0.1 and localhost are different origins to a browser."""
+    out = []
+    for u in urls:
+        if "://127.0.0.1:" in u:
+            out.append(u.replace("://127.0.0.1:", "://localhost:"))
+        elif "://localhost:" in u:
+            out.append(u.replace("://localhost:", "://127.0.0.1:"))
+    return out
 
 
 def _env(settings: Settings) -> dict[str, str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from .helpers import KillableStack, Stack, make_settings
 
 
 @pytest.fixture(scope="session")
-def tmp_root() -> AsyncIterator[Path]:
+def tmp_root() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="runlog-test-") as d:
         os.chmod(d, 0o755)
         yield Path(d)

@@ -33,8 +33,6 @@ def make_settings(stack: Stack | KillableStack, **overrides: object) -> Settings
     return dataclasses.replace(base, position_check_s=0.2, **urls, **overrides)  # type: ignore[arg-type]
 
 
-
-
 async def new_run(store: Store, user: str = "alice") -> tuple[str, str]:
     """A fresh session with one run: (session_id, run_id)."""
     session_id = await store.create_session(user)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -201,12 +200,3 @@ def test_nats_config_keeps_the_documented_sync_interval() -> None:
         env={**os.environ, "NATS_SERVER_NAME": "nats-1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-
-
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
-def test_haproxy_config_is_valid() -> None:
-    result = subprocess.run(
-        ["haproxy", "-c", "-f", str(ROOT / "deploy" / "haproxy.cfg")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr

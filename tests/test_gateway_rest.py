@@ -239,6 +239,7 @@ async def test_health_and_docs(gw: RunningGateway, http: aiohttp.ClientSession) 
     async with http.get(gw.url + "/metrics") as r:
         text = await r.text()
         assert "runlog_gateway_connections" in text and "runlog_events_appended_total" in text
+        assert 'runlog_gateway_http_requests_total{route="/readyz",status="2xx"}' in text
     async with http.get(gw.url + "/v1/openapi.json") as r:
         doc = await r.json()
         assert doc["openapi"].startswith("3.") and "/v1/runs/{run_id}/events" in doc["paths"]

@@ -41,9 +41,7 @@ async def test_packaged_migrations_apply_once(fresh_db: str) -> None:
     try:
         tables = {
             r[0]
-            for r in await conn.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-            )
+            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         }
         assert {"sessions", "members", "runs", "events", "approvals", "audit"} <= tables
         rows = await conn.fetch("SELECT version, checksum FROM runlog_migrations ORDER BY 1")
