@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import aiohttp
 import msgspec
 
-from workers.model import ModelError
+from workers.model import ModelError, ModelItem
 
 MAX_EVENT_BYTES = 1 << 20
 ERROR_BODY_BYTES = 64 << 10
@@ -244,9 +245,37 @@ class Timeouts:
     read_s: float = 300.0
 
 
+class StreamDecoder(Protocol):
+    """A vendor's event decoder: SSE events in, model items out."""
+
+    done: bool  # the vendor's end-of-stream marker was seen
+
+    def feed_event(self, ev: SSEEvent) -> list[ModelItem]: ...
+
+    def end(self) -> list[ModelItem]: ...
+
+
 class SSEClient:
     """POSTs JSON and yields the SSE events of the answer, in batches (one per
     network read) so the per-event cost stays in plain loops."""
+
+    async def items(
+        self, url: str, *, headers: Mapping[str, str], body: bytes, decoder: StreamDecoder
+    ) -> AsyncGenerator[ModelItem, None]:
+        """The model items of one streamed answer, decoded by `decoder`."""
+        async with aclosing(self.post(url, headers=headers, body=body)) as batches:
+            async for events in batches:
+                for ev in events:
+                    for item in decoder.feed_event(ev):
+                        yield item
+                    if decoder.done:
+                        break
+                if decoder.done:
+                    break
+        # After the connection is released, so a consumer that stops at
+        # Finish does not hold it.
+        for item in decoder.end():
+            yield item
 
     def __init__(
         self,

@@ -32,7 +32,7 @@ from workers.model import (
     Usage,
 )
 
-from ._sse import ErrorInfo, SSEClient, Timeouts, malformed, stream_error
+from ._sse import ErrorInfo, SSEClient, SSEEvent, Timeouts, malformed, stream_error
 
 # -- request (what we send)
 
@@ -236,6 +236,9 @@ class EventDecoder:
         self._output_tokens = 0
         self.done = False
 
+    def feed_event(self, ev: SSEEvent) -> list[ModelItem]:
+        return self.feed(ev.event, ev.data)
+
     def feed(self, event: str, data: str) -> list[ModelItem]:
         try:
             if event not in _DECODERS and event == "message":
@@ -380,19 +383,9 @@ class AnthropicAdapter:
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelItem, None]:
         body = encode_request(request, self.model)
-        decoder = EventDecoder(redact=self._redact)
-        async with aclosing(
-            self._http.post(self._url, headers=self._headers, body=body)
-        ) as batches:
-            async for events in batches:
-                for ev in events:
-                    for item in decoder.feed(ev.event, ev.data):
-                        yield item
-                    if decoder.done:
-                        break
-                if decoder.done:
-                    break
-        # After the connection is released, so a consumer that stops at
-        # Finish does not hold it.
-        for item in decoder.end():
-            yield item
+        items = self._http.items(
+            self._url, headers=self._headers, body=body, decoder=EventDecoder(redact=self._redact)
+        )
+        async with aclosing(items) as it:
+            async for item in it:
+                yield item

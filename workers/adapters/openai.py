@@ -37,7 +37,7 @@ from workers.model import (
     Usage,
 )
 
-from ._sse import ErrorInfo, SSEClient, Timeouts, clean_message, malformed, stream_error
+from ._sse import ErrorInfo, SSEClient, SSEEvent, Timeouts, clean_message, malformed, stream_error
 
 # -- request (what we send)
 
@@ -205,6 +205,9 @@ class ChunkDecoder:
         self._usage = Usage()
         self.done = False  # [DONE] seen
 
+    def feed_event(self, ev: SSEEvent) -> list[ModelItem]:
+        return self.feed(ev.data, ev.event)
+
     def feed(self, data: str, event: str = "message") -> list[ModelItem]:
         if data.strip() == "[DONE]":
             self.done = True
@@ -362,19 +365,9 @@ class OpenAIAdapter:
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelItem, None]:
         body = encode_request(request, self.model, self._max_tokens_param)
-        decoder = ChunkDecoder(redact=self._redact)
-        async with aclosing(
-            self._http.post(self._url, headers=self._headers, body=body)
-        ) as batches:
-            async for events in batches:
-                for ev in events:
-                    for item in decoder.feed(ev.data, ev.event):
-                        yield item
-                    if decoder.done:
-                        break
-                if decoder.done:
-                    break
-        # After the connection is released, so a consumer that stops at
-        # Finish does not hold it.
-        for item in decoder.end():
-            yield item
+        items = self._http.items(
+            self._url, headers=self._headers, body=body, decoder=ChunkDecoder(redact=self._redact)
+        )
+        async with aclosing(items) as it:
+            async for item in it:
+                yield item
