@@ -13,7 +13,7 @@ $(CHROMIUM):
 	@echo "installing chromium for the browser tests (apt-get)"
 	@apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
-$(STAMP): pyproject.toml | $(CHROMIUM)
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -22,17 +22,17 @@ $(STAMP): pyproject.toml | $(CHROMIUM)
 run: $(STAMP)
 	$(BIN)/runlog up
 
-test: $(STAMP)
+test: $(STAMP) | $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
-check: $(STAMP)
+check: $(STAMP) | $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy broker workers gateway runlog tests bench
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python -m bench append
+	for s in append fanout latency replay idle worker; do $(BIN)/python -m bench $$s || exit 1; done
 
 clean:
 	rm -rf $(VENV) .runlog .pytest_cache .mypy_cache .ruff_cache
