@@ -129,8 +129,8 @@ async def _trial(c: _Ctx, trial: int) -> dict[str, Any]:
         progress(f"trial {trial + 1}: {what}: {r[key]:,.0f} {unit}{extra}")
 
     ns = _ns(args)
-    if args.sustain_n and args.sustain_n not in ns and args.batch_burst_events:
-        ns.append(args.sustain_n)  # the raw burst rate the batch figure is compared with
+    if args.sustain_n and args.sustain_n not in ns and (args.batch_rate or args.batch_burst_events):
+        ns.append(args.sustain_n)  # the raw burst rate the batch figures are compared with
     for n in ns:
         e = max(1, min(c.cap, args.deliveries // n))
         t[f"ws{n}"] = r = await _burst_product(c, n, e, batch=False)
@@ -378,7 +378,7 @@ def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[
         add(sec, "events per frame", "events", "events_per_frame", "batch")
         add(sec, "events per live batch", "events", "events_per_live_batch", "batch")
         add(sec, "backlog at the end", "s", "backlog_s", "batch")
-        if raw:
+        if raw and f"raw{n}" in per_trial[0]:
             add(sec, f"raw one-event burst, {n} clients", "frames/s", "frames_s", f"raw{n}")
             ratio(sec, "gateway events/s / raw frames/s", ("batch", "events_s"),
                   (f"raw{n}", "frames_s"))  # fmt: skip
@@ -388,7 +388,7 @@ def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[
         sec = f'multi-event frames ("batch": true), burst of {args.batch_burst_events}, {n} clients'
         add(sec, "gateway delivered", "events/s", "events_s", "batch_burst")
         add(sec, "events per frame", "events", "events_per_frame", "batch_burst")
-        if raw:
+        if raw and f"raw{n}" in per_trial[0]:
             ratio(sec, "gateway events/s / raw frames/s", ("batch_burst", "events_s"),
                   (f"raw{n}", "frames_s"))  # fmt: skip
         add(sec, "gateway CPU", "µs/event", "gateway_us_per_event", "batch_burst")

@@ -43,6 +43,8 @@ _PAGE_QUERY = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, default=100_000, help="token deltas in the run (default: 100000)")  # fmt: skip
     p.add_argument("--no-raw", action="store_true", help="skip the raw PostgreSQL reads")
+    p.add_argument("--gateway-setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a gateway setting (e.g. page_max_events=5000); repeatable")  # fmt: skip
     p.add_argument("--profile-gateway", type=Path, default=None, metavar="FILE",
                    help="run the gateway under cProfile (CPU time); pstats to FILE")  # fmt: skip
 
@@ -53,11 +55,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         versions = await _lib.server_versions(st)
         meter = Meter(st)
         b = await _gw.connect_broker(st)
-        gw = await GatewayProc(st, profile=args.profile_gateway).start()
+        gw_settings = dict(kv.split("=", 1) for kv in args.gateway_setting)
+        gw = await GatewayProc(st, profile=args.profile_gateway, **gw_settings).start()
         load = await LoadProc().start()
         meter.add("gateway", gw.pid)
         meter.add("wsload", load.pid)
-        page = b.settings.page_max_events
+        page = int(gw_settings.get("page_max_events", b.settings.page_max_events))
+        raw: asyncpg.Connection | None = None
         try:
             session = await b.store.create_session(_gw.USER, "bench replay")
             t0 = time.perf_counter()
@@ -67,6 +71,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             total = w.last_seq
             progress(f"wrote {total:,} events in {time.perf_counter() - t0:.1f} s")
             url = f"{gw.url}/v1/runs/{w.run_id}/events"
+            await _warm_up(b, session, gw, load, page)
+            # The raw reads get what the gateway has: a long-lived connection
+            # that has run the query before. (A fresh connection read these
+            # pages ~2-3x slower for its whole first pass, in an experiment
+            # on this machine; a warm one up to ~900k rows/s.)
+            raw = None if args.no_raw else await asyncpg.connect(st.database_url)
+            if raw is not None:
+                await _raw_pages(raw, w.run_id, page, meter)
+                await _raw_cursor(raw, w.run_id, meter)
             for trial in range(args.trials):
                 t: dict[str, Any] = {}
                 reads = {
@@ -86,14 +99,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if r["events"] != total:
                         raise RuntimeError(f"{name}: read {r['events']} of {total} events")
                     t[name] = _result(r["events"], r["seconds"], timer)
+                    if "to_eof_s" in r:
+                        t[name]["to_eof_s"] = r["to_eof_s"]
                     progress(f"trial {trial + 1}: {name}: {t[name]['events_s']:,.0f} events/s")
-                if not args.no_raw:
-                    t["raw_pages"] = await _raw_pages(st.database_url, w.run_id, page, meter)
-                    t["raw_cursor"] = await _raw_cursor(st.database_url, w.run_id, meter)
+                if raw is not None:
+                    t["raw_pages"] = await _raw_pages(raw, w.run_id, page, meter)
+                    t["raw_cursor"] = await _raw_cursor(raw, w.run_id, meter)
                     progress(f"trial {trial + 1}: raw pages: {t['raw_pages']['events_s']:,.0f}, "
                              f"raw cursor: {t['raw_cursor']['events_s']:,.0f} rows/s")  # fmt: skip
                 per_trial.append(t)
         finally:
+            if raw is not None:
+                await raw.close()
             await load.stop()
             await gw.stop()
             await b.close()
@@ -103,6 +120,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "figures": _figures(per_trial, args, total),
         "trials": per_trial,
     }
+
+
+async def _warm_up(b: Any, session: str, gw: GatewayProc, load: LoadProc, page: int) -> None:
+    """Every read path once on a small run, not measured: the gateway's first
+    read otherwise pays for database connections, prepared statements and
+    first-use allocations."""
+    w = await _gw.new_run(b, session)
+    await _gw.append_burst(w, 3 * page)
+    await _gw.end_run(w)
+    url = f"{gw.url}/v1/runs/{w.run_id}/events"
+    for batch in (True, False):
+        await load.call("ws_replay", url=gw.ws_url, token=_gw.token(), topic=f"run:{w.run_id}",
+                        last=w.last_seq, batch=batch)  # fmt: skip
+    await load.call("sse_replay", url=url, token=_gw.token())
+    await load.call("page_replay", url=url, token=_gw.token(), limit=page)
 
 
 def _result(n: int, seconds: float, timer: Timer) -> dict[str, Any]:
@@ -118,43 +150,36 @@ def _result(n: int, seconds: float, timer: Timer) -> dict[str, Any]:
     }
 
 
-async def _raw_pages(dsn: str, run_id: str, limit: int, meter: Meter) -> dict[str, Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        stmt = await conn.prepare(_PAGE_QUERY)
-        timer = Timer(meter)
-        timer.start()
-        t0 = time.perf_counter()
-        after = n = 0
-        while True:
-            rows = await stmt.fetch(run_id, after, limit)
-            if not rows:
-                break
-            n += len(rows)
-            after = rows[-1][1]
-        seconds = time.perf_counter() - t0
-        timer.stop()
-    finally:
-        await conn.close()
+async def _raw_pages(
+    conn: asyncpg.Connection, run_id: str, limit: int, meter: Meter
+) -> dict[str, Any]:
+    timer = Timer(meter)
+    timer.start()
+    t0 = time.perf_counter()
+    after = n = 0
+    while True:
+        rows = await conn.fetch(_PAGE_QUERY, run_id, after, limit)
+        if not rows:
+            break
+        n += len(rows)
+        after = rows[-1][1]
+    seconds = time.perf_counter() - t0
+    timer.stop()
     r = _result(n, seconds, timer)
     r["client_us_per_event"] = timer.us_per(n, "client")
     return r
 
 
-async def _raw_cursor(dsn: str, run_id: str, meter: Meter) -> dict[str, Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        timer = Timer(meter)
-        timer.start()
-        t0 = time.perf_counter()
-        n = 0
-        async with conn.transaction():
-            async for _ in conn.cursor(_PAGE_QUERY, run_id, 0, 2**31, prefetch=1000):
-                n += 1
-        seconds = time.perf_counter() - t0
-        timer.stop()
-    finally:
-        await conn.close()
+async def _raw_cursor(conn: asyncpg.Connection, run_id: str, meter: Meter) -> dict[str, Any]:
+    timer = Timer(meter)
+    timer.start()
+    t0 = time.perf_counter()
+    n = 0
+    async with conn.transaction():
+        async for _ in conn.cursor(_PAGE_QUERY, run_id, 0, 2**31, prefetch=1000):
+            n += 1
+    seconds = time.perf_counter() - t0
+    timer.stop()
     return _result(n, seconds, timer)
 
 
@@ -182,11 +207,15 @@ def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace, total: i
         add(sec, "raw PostgreSQL, one cursor (prefetch 1000)", "rows/s", "raw_cursor", "events_s")
         for which, label in names.items():
             ratio(sec, f"{label} / raw pages", which)
+        for which, label in names.items():
+            vals = [t[which]["events_s"] / t["raw_cursor"]["events_s"] for t in per_trial]
+            figs.append(_lib.summarize(sec, f"{label} / raw cursor", "ratio", vals))
     for which, label in names.items():
         add(sec, f"{label}: gateway CPU", "µs/event", which, "gateway_us_per_event")
         add(sec, f"{label}: gateway CPU (of one core)", "%", which, "gateway_cpu_pct")
         add(sec, f"{label}: client CPU (of one core)", "%", which, "client_cpu_pct")
         add(sec, f"{label}: PostgreSQL CPU", "µs/event", which, "pg_us_per_event")
+    add(sec, "SSE: request → end of stream (after run_end)", "s", "sse", "to_eof_s")
     if not args.no_raw:
         add(sec, "raw pages: client CPU", "µs/row", "raw_pages", "client_us_per_event")
         add(sec, "raw pages: PostgreSQL CPU", "µs/row", "raw_pages", "pg_us_per_event")
