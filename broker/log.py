@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 # Errors after which the transaction surely rolled back and can be retried.
 _RETRY_SAFE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
 
+# Committed without the linger: someone is waiting on these.
+_URGENT_TYPES = frozenset(
+    {"run_start", "approval_required", "approval_decided", "interrupt_requested", "run_end"}
+)
+
 _EVENT_COLUMNS = ("run_id", "seq", "session_id", "cursor", "ts", "type", "payload")
 
 _UPDATE_RUNS = """
@@ -209,6 +214,7 @@ class Appender:
         self._published_idle = asyncio.Event()
         self._published_idle.set()
         self._closing = False
+        self._urgent = False
         self._tasks: list[asyncio.Task[None]] = []
 
     def now_ms(self) -> int:
@@ -250,6 +256,8 @@ class Appender:
     def enqueue(self, entry: _Entry) -> None:
         if self._closing:
             raise errors.StorageError("this process is shutting down; append refused")
+        if entry.type in _URGENT_TYPES:
+            self._urgent = True
         self._pending.append(entry)
         self._idle.clear()
         self._wake.set()
@@ -265,9 +273,11 @@ class Appender:
                 continue
             # Linger briefly when a batch starts from idle, so events produced
             # together commit together; under load, commits run back to back
-            # and the batch forms while the previous one commits.
-            if len(self._pending) < s.flush_max_events and not self._closing:
+            # and the batch forms while the previous one commits. Events that
+            # people wait on (a run starting, an approval, the end) skip it.
+            if len(self._pending) < s.flush_max_events and not self._closing and not self._urgent:
                 await asyncio.sleep(s.flush_interval_ms / 1000)
+            self._urgent = False
             while self._pending:
                 batch = self._pending[: s.flush_max_events]
                 del self._pending[: s.flush_max_events]

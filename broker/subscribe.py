@@ -134,9 +134,14 @@ class Subscription:
                     return self._deliver(page)
                 continue
             try:
-                batch = await asyncio.wait_for(
-                    self._queue.get(), timeout=self.settings.position_check_s
-                )
+                # get_nowait first: wait_for makes a task per call, which a
+                # busy subscription would pay on every batch.
+                if self._queue.empty():
+                    batch = await asyncio.wait_for(
+                        self._queue.get(), timeout=self.settings.position_check_s
+                    )
+                else:
+                    batch = self._queue.get_nowait()
             except TimeoutError:
                 self.committed_ms = 0.0
                 page = await self._check_position()

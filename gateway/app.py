@@ -31,7 +31,27 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    resp = await _handle_errors(request, handler)
+    # One function (not two nested): its frame lives as long as a WebSocket.
+    try:
+        resp = await handler(request)
+    except errors.RunlogError as e:
+        if isinstance(e, errors.InternalError):
+            log.error("internal error on %s: %s", request.path, e.detail)
+        resp = json_response({"error": e.to_dict()}, e.http_status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            e.status, "bad_request"
+        )
+        resp = json_response(
+            {"error": {"code": code, "message": e.reason, "retryable": False}}, e.status
+        )
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        resp = json_response(
+            {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
+        )
     gw = request.app.get(GATEWAY)
     if gw is not None:
         # Route templates, not paths: a bounded label set.
@@ -39,29 +59,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         route = info.canonical if info is not None else "unmatched"
         gw.metrics.requests.labels(route, f"{resp.status // 100}xx").inc()
     return resp
-
-
-async def _handle_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except errors.RunlogError as e:
-        if isinstance(e, errors.InternalError):
-            log.error("internal error on %s: %s", request.path, e.detail)
-        return json_response({"error": e.to_dict()}, e.http_status)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
-            e.status, "bad_request"
-        )
-        return json_response(
-            {"error": {"code": code, "message": e.reason, "retryable": False}}, e.status
-        )
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response(
-            {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
-        )
 
 
 # Cross-origin REST and SSE for the Origins allowed to open WebSockets (a

@@ -34,10 +34,22 @@ class Connection:
         self.sent: dict[str, int] = {}  # topic -> last position written
         self.closing = False
         self._writer: asyncio.Task[None] | None = None
+        self._writer_stopped = False
         self.overflowed = False
+        # The writer task starts when something is first queued: an idle
+        # connection whose frames all go out directly never needs one.
+        queue.on_ready = self._ensure_writer
 
-    def start_writer(self) -> None:
-        self._writer = asyncio.create_task(self._write_loop(), name=f"runlog-{self.kind}-writer")
+    def _ensure_writer(self) -> None:
+        if self._writer is None and not self._writer_stopped:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_loop(), name=f"runlog-{self.kind}-writer"
+            )
+
+    def write_now(self, frames: list[bytes], topic: str | None, last: int) -> bool:
+        """Write `frames` to the socket at once if nothing is queued and the
+        socket keeps up (subclasses that can); False: queue them instead."""
+        return False
 
     async def write_frames(self, frames: list[bytes]) -> None:
         raise NotImplementedError
@@ -46,7 +58,7 @@ class Connection:
         q = self.queue
         try:
             while True:
-                await q.ready.wait()
+                await q.wait_ready()
                 items = q.take()
                 if not items:
                     continue
@@ -80,6 +92,7 @@ class Connection:
         """Disconnect the client (subclasses say how); must not block."""
 
     async def stop_writer(self) -> None:
+        self._writer_stopped = True
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -88,8 +101,10 @@ class Connection:
 
     async def flush(self, timeout_s: float) -> bool:
         """Wait until the queue is written (bounded); False on timeout."""
+        if self.queue.nbytes == 0:
+            return True
         if self._writer is None or self._writer.done():
-            return self.queue.nbytes == 0
+            return False
         try:
             async with asyncio.timeout(timeout_s):
                 await self.queue.wait_below(0)

@@ -32,7 +32,9 @@ class EncodedBatch:
         "_sse",
         "_sse_joined",
         "_ws_batch",
+        "_ws_batch_wire",
         "_ws_single",
+        "_ws_single_wire",
         "by_run",
         "first",
         "items",
@@ -50,6 +52,8 @@ class EncodedBatch:
         self._ws_batch: bytes | None = None
         self._sse: list[bytes] | None = None
         self._sse_joined: bytes | None = None
+        self._ws_single_wire: list[bytes] | None = None
+        self._ws_batch_wire: bytes | None = None
 
     def pos(self, e: StoredEvent) -> int:
         return e.seq if self.by_run else e.cursor
@@ -79,10 +83,43 @@ class EncodedBatch:
             self._sse = [sse_frame(self.first + i, e.payload) for i, e in enumerate(self.items)]
         return self._sse
 
+    def ws_single_wire(self) -> list[bytes]:
+        """`ws_single()` with WebSocket framing: ready for the socket, shared."""
+        if self._ws_single_wire is None:
+            self._ws_single_wire = [ws_wire(f) for f in self.ws_single()]
+        return self._ws_single_wire
+
+    def ws_batch_wire(self) -> bytes:
+        if self._ws_batch_wire is None:
+            self._ws_batch_wire = ws_wire(self.ws_batch())
+        return self._ws_batch_wire
+
+    def wire(self, mode: str, start: int) -> list[bytes]:
+        """WebSocket wire frames for items[start:] in `mode` ("ws"/"ws_batch")."""
+        if mode == "ws":
+            frames = self.ws_single_wire()
+            return frames if start == 0 else frames[start:]
+        if start == 0:
+            return [self.ws_batch_wire()]
+        payloads = [e.payload for e in self.items[start:]]
+        return [ws_wire(ws_events_frame(self.topic, self.first + start, payloads))]
+
     def sse_joined(self) -> bytes:
         if self._sse_joined is None:
             self._sse_joined = b"".join(self.sse())
         return self._sse_joined
+
+
+def ws_wire(payload: bytes) -> bytes:
+    """A server-to-client WebSocket text frame (FIN, unmasked, uncompressed)."""
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x81, n))
+    elif n < 65536:
+        head = b"\x81\x7e" + n.to_bytes(2, "big")
+    else:
+        head = b"\x81\x7f" + n.to_bytes(8, "big")
+    return head + payload
 
 
 def ws_events_frame(topic: str, first: int, payloads: list[bytes]) -> bytes:

@@ -53,6 +53,11 @@ class Member:
 
     def start(self) -> None:
         self._catchup = asyncio.create_task(self._catch_up(), name="runlog-member-catchup")
+        self._catchup.add_done_callback(self._catchup_done)
+
+    def _catchup_done(self, task: asyncio.Task[None]) -> None:
+        if self._catchup is task:
+            self._catchup = None  # a finished task is memory an idle member keeps
 
     def offer(self, batch: EncodedBatch) -> None:
         if self.closed or self.ended:
@@ -76,13 +81,17 @@ class Member:
 
     def _push(self, batch: EncodedBatch) -> None:
         start = self.position + 1 - batch.first
-        ok = self.conn.queue.put_events(self.mode, batch, start)
+        conn = self.conn
+        # Fast path: nothing queued and the socket keeps up, so the shared
+        # wire frames go straight to it (no queue, no writer wake-up).
+        if self.mode == "sse" or not conn.write_now(batch.wire(self.mode, start), batch.topic,
+                                                    batch.last):  # fmt: skip
+            if not conn.queue.put_events(self.mode, batch, start):
+                conn.overflow()
         self.topic.hub.metrics.events_fanned_out.inc(len(batch.items) - start)
         self.position = batch.last
         if batch.ended:
             self.ended = True
-        if not ok:
-            self.conn.overflow()
 
     async def _catch_up(self) -> None:
         hub = self.topic.hub

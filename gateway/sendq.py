@@ -16,7 +16,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import collections
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -37,7 +37,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Item:
-    __slots__ = ("data", "event", "first", "key", "last", "mode", "nbytes", "topic")
+    __slots__ = ("data", "event", "first", "key", "last", "mode", "nbytes", "payloads", "topic")
 
     def __init__(
         self,
@@ -50,6 +50,7 @@ class Item:
         first: int = 0,
         key: tuple[str, str] | None = None,
         event: dict[str, Any] | None = None,
+        payloads: list[bytes] | None = None,
     ) -> None:
         self.data = data
         self.topic = topic
@@ -59,10 +60,14 @@ class Item:
         self.first = first
         self.key = key
         self.event = event
+        self.payloads = payloads  # a batch frame still open to more events
 
     def render(self) -> bytes:
         if self.data is not None:
             return self.data
+        if self.payloads is not None:
+            assert self.topic is not None
+            return ws_events_frame(self.topic, self.first, self.payloads)
         assert self.event is not None and self.topic is not None
         payload = _encode(self.event)
         from_pos = self.first if self.first != self.last else None
@@ -75,10 +80,14 @@ class SendQueue:
     def __init__(self, max_bytes: int, lag_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.lag_bytes = lag_bytes
-        self._items: collections.deque[Item] = collections.deque()
+        # A list, and futures made only while someone waits: an idle
+        # connection's queue costs a few hundred bytes, not the ~2 KiB of a
+        # deque plus two asyncio.Events.
+        self._items: list[Item] = []
         self.nbytes = 0  # queued + being written
-        self.ready = asyncio.Event()
-        self._progress = asyncio.Event()
+        self._ready: asyncio.Future[None] | None = None
+        self._progress: asyncio.Future[None] | None = None
+        self.on_ready: Callable[[], None] | None = None  # called when items arrive
         self.coalesced = 0
         self.dropped = 0
 
@@ -100,12 +109,26 @@ class SendQueue:
                 f = frames[i]
                 self._append(Item(f, batch.topic, batch.first + i, len(f)))
         elif mode == "ws_batch":
-            if start == 0:
-                data = batch.ws_batch()
+            # Behind the socket: everything queued for a topic leaves as one
+            # frame, however many commits it spans.
+            payloads = [e.payload for e in batch.items[start:]]
+            size = sum(len(p) for p in payloads) + len(payloads)
+            last = self._items[-1] if self._items else None
+            if (
+                last is not None
+                and last.payloads is not None
+                and last.topic == batch.topic
+                and last.last + 1 == batch.first + start
+            ):
+                last.payloads += payloads
+                last.last = batch.last
+                last.nbytes += size
+                self.nbytes += size
             else:
-                payloads = [e.payload for e in batch.items[start:]]
-                data = ws_events_frame(batch.topic, batch.first + start, payloads)
-            self._append(Item(data, batch.topic, batch.last, len(data)))
+                self._append(
+                    Item(None, batch.topic, batch.last, size + 64, mode=mode,
+                         first=batch.first + start, payloads=payloads)
+                )  # fmt: skip
         else:
             data = batch.sse_joined() if start == 0 else b"".join(batch.sse()[start:])
             self._append(Item(data, batch.topic, batch.last, len(data)))
@@ -149,26 +172,44 @@ class SendQueue:
     def _append(self, item: Item) -> None:
         self._items.append(item)
         self.nbytes += item.nbytes
-        self.ready.set()
+        if self._ready is not None:
+            if not self._ready.done():
+                self._ready.set_result(None)
+        elif self.on_ready is not None:
+            self.on_ready()
+
+    async def wait_ready(self) -> None:
+        """Wait until something is queued."""
+        while not self._items:
+            self._ready = asyncio.get_running_loop().create_future()
+            try:
+                await self._ready
+            finally:
+                self._ready = None
 
     def take(self) -> list[Item]:
         """Everything queued, for the writer; call `written` after each item."""
-        items = list(self._items)
-        self._items.clear()
-        self.ready.clear()
+        items, self._items = self._items, []
         return items
 
     def written(self, item: Item) -> None:
         self.nbytes -= item.nbytes
-        self._progress.set()
+        self._wake_progress()
+
+    def _wake_progress(self) -> None:
+        if self._progress is not None and not self._progress.done():
+            self._progress.set_result(None)
 
     async def wait_below(self, nbytes: int) -> None:
         """Wait until at most `nbytes` are queued or being written."""
         while self.nbytes > nbytes:
-            self._progress.clear()
-            await self._progress.wait()
+            self._progress = asyncio.get_running_loop().create_future()
+            try:
+                await self._progress
+            finally:
+                self._progress = None
 
     def clear(self) -> None:
-        self._items.clear()
+        self._items = []
         self.nbytes = 0
-        self._progress.set()
+        self._wake_progress()

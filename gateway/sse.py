@@ -23,7 +23,7 @@ from .context import ClientLike, Gateway
 from .disconnect import CODES
 from .frames import message
 from .hub import Member
-from .sendq import SendQueue
+from .sendq import Item, SendQueue
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -55,6 +55,11 @@ class SseClient(Connection, ClientLike):
     def on_overflow(self) -> None:
         self._done.set()
 
+    async def _write_items(self, items: list[Item]) -> None:
+        await super()._write_items(items)
+        if self.member is not None and self.member.ended and self.queue.nbytes == 0:
+            self._done.set()  # the run's end is out: finish now, not at the next check
+
     async def server_disconnect(self, code: str) -> None:
         self.disconnect_code = code
         self._done.set()
@@ -71,7 +76,7 @@ class SseClient(Connection, ClientLike):
         while not self._done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._done.wait(), timeout=min(1.0, s.sse_heartbeat_s))
-            if self._writer is None or self._writer.done():
+            if self._writer is not None and self._writer.done():
                 return  # the client went away (a write failed)
             transport = self.resp._req.transport if self.resp._req else None
             if transport is None or transport.is_closing():
@@ -122,7 +127,6 @@ async def stream(
         await resp.write(b"retry: 1000\n: connected\n\n")
         gw.connections.add(client)
         gw.metrics.connections.labels("sse").inc()
-        client.start_writer()
         try:
             await client.serve()
         finally:

@@ -21,7 +21,7 @@ from . import auth, protocol
 from .connection import Connection
 from .context import GATEWAY, ClientLike, Gateway
 from .disconnect import CODES
-from .frames import message
+from .frames import message, ws_wire
 from .hub import Member
 from .sendq import SendQueue
 
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 # messages get a `message_too_large` error and the connection stays.
 _HARD_LIMIT_FACTOR = 16
 _MAX_STRIKES = 20  # malformed messages in a row before the connection is closed
+# Frames go straight to the socket while its unsent buffer is below this;
+# above it they wait in the bounded queue for the writer task.
+_DIRECT_WRITE_MAX_BYTES = 64 * 1024
 
 
 class _Bucket:
@@ -55,13 +58,16 @@ class _Bucket:
 class WsClient(Connection, ClientLike):
     kind = "ws"
 
-    def __init__(self, gw: Gateway, ws: web.WebSocketResponse) -> None:
+    def __init__(
+        self, gw: Gateway, ws: web.WebSocketResponse, transport: asyncio.Transport | None
+    ) -> None:
         s = gw.settings
         super().__init__(
             "", "ws", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics
         )
         self.gw = gw
         self.ws = ws
+        self.transport = transport
         self.members: dict[str, Member] = {}
         self.principal: auth.Principal | None = None
         self._closing_task = False
@@ -72,13 +78,31 @@ class WsClient(Connection, ClientLike):
         for f in frames:
             await self.ws.send_frame(f, WSMsgType.TEXT)
 
+    def write_now(self, frames: list[bytes], topic: str | None, last: int) -> bool:
+        t = self.transport
+        if (
+            self.queue.nbytes
+            or self._closing_task
+            or t is None
+            or t.is_closing()
+            or t.get_write_buffer_size() > _DIRECT_WRITE_MAX_BYTES
+        ):
+            return False
+        t.writelines(frames)
+        if topic is not None:
+            self.sent[topic] = last
+        self.metrics.frames_sent.labels("ws").inc(len(frames))
+        return True
+
     def on_overflow(self) -> None:
         self._disconnect_task = asyncio.get_running_loop().create_task(
             self.server_disconnect("slow_consumer")
         )
 
     def reply(self, type_: str, **fields: object) -> None:
-        self.queue.put_message(message(type_, **fields))
+        data = message(type_, **fields)
+        if not self.write_now([ws_wire(data)], None, 0):
+            self.queue.put_message(data)
 
     def error(self, e: errors.RunlogError, ref: str = "") -> None:
         self.gw.metrics.ws_errors.labels(e.code).inc()
@@ -225,10 +249,9 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
         compress=False,
     )
     await ws.prepare(request)
-    client = WsClient(gw, ws)
+    client = WsClient(gw, ws, request.transport)
     gw.connections.add(client)
     gw.metrics.connections.labels("ws").inc()
-    client.start_writer()
     try:
         if principal is not None and token is not None:
             client.authenticate(token)
