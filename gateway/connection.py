@@ -78,7 +78,7 @@ class Connection:
             if it.topic is not None:
                 self.sent[it.topic] = it.last
                 events += 1
-        self.metrics.frames_sent.labels(self.kind).inc(len(frames))
+        self.metrics.frames_sent[self.kind] += len(frames)
 
     def overflow(self) -> None:
         """The send queue passed its bound: the client is too slow."""

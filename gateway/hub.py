@@ -59,27 +59,29 @@ class Member:
         if self._catchup is task:
             self._catchup = None  # a finished task is memory an idle member keeps
 
-    def offer(self, batch: EncodedBatch) -> None:
+    def offer(self, batch: EncodedBatch) -> int:
+        """Take a live batch; returns the events handed to the connection (for
+        metrics, counted once per batch by the topic rather than per client)."""
         if self.closed or self.ended:
-            return
+            return 0
         if not self.live:
             if len(self._pending) < _PENDING_MAX:
                 self._pending.append(batch)
             else:
                 self._pending_overflow = True
-            return
+            return 0
         if batch.last <= self.position:
-            return
+            return 0
         if batch.first > self.position + 1:
             # Cannot happen while the topic is gap-free, but if it does, the
             # member re-reads from PostgreSQL rather than skip anything.
             self.live = False
             self._pending = [batch]
             self.start()
-            return
-        self._push(batch)
+            return 0
+        return self._push(batch)
 
-    def _push(self, batch: EncodedBatch) -> None:
+    def _push(self, batch: EncodedBatch) -> int:
         start = self.position + 1 - batch.first
         conn = self.conn
         # Fast path: nothing queued and the socket keeps up, so the shared
@@ -88,10 +90,10 @@ class Member:
                                                     batch.last):  # fmt: skip
             if not conn.queue.put_events(self.mode, batch, start):
                 conn.overflow()
-        self.topic.hub.metrics.events_fanned_out.inc(len(batch.items) - start)
         self.position = batch.last
         if batch.ended:
             self.ended = True
+        return len(batch.items) - start
 
     async def _catch_up(self) -> None:
         hub = self.topic.hub
@@ -124,7 +126,7 @@ class Member:
                     if b.first > self.position + 1:
                         hole = True
                         break
-                    self._push(b)
+                    hub.metrics.events_fanned_out.inc(self._push(b))
                 if hole:
                     continue
                 self.live = True
@@ -187,13 +189,18 @@ class Topic:
     async def _run(self) -> None:
         assert self._sub is not None
         try:
-            metric = self.hub.metrics.commit_to_send_seconds
+            metrics = self.hub.metrics
+            latency = metrics.commit_to_send_seconds
+            fanned = metrics.events_fanned_out
             async for items in self._sub:
                 batch = EncodedBatch(self.key, items, self.by_run)
+                n = 0
                 for m in list(self.members):
-                    m.offer(batch)
+                    n += m.offer(batch)
+                if n:
+                    fanned.inc(n)
                 if self._sub.committed_ms and self.members:
-                    metric.observe(max(0.0, time.time() - self._sub.committed_ms / 1000))
+                    latency.observe(max(0.0, time.time() - self._sub.committed_ms / 1000))
             self.ended = True
         except asyncio.CancelledError:
             pass

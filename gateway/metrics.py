@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 CONN_KINDS = ("ws", "sse")
 _LATENCY_BUCKETS_S = (
@@ -16,12 +20,10 @@ class GatewayMetrics:
         self.connections = Gauge(
             "runlog_gateway_connections", "Open client connections.", ["kind"], registry=registry
         )
-        self.frames_sent = Counter(
-            "runlog_gateway_frames_sent_total",
-            "Frames written to clients (WebSocket frames or SSE writes).",
-            ["kind"],
-            registry=registry,
-        )
+        # Frames are counted on the hottest path (once per client per event),
+        # so as plain ints, exported by a collector: no lock, no label lookup.
+        self.frames_sent: dict[str, int] = dict.fromkeys(CONN_KINDS, 0)
+        registry.register(_FramesCollector(self.frames_sent))
         self.events_fanned_out = Counter(
             "runlog_gateway_events_fanned_out_total",
             "Events put into client send queues (one per event per subscriber).",
@@ -71,5 +73,19 @@ class GatewayMetrics:
         )
         for k in CONN_KINDS:
             self.connections.labels(k)
-            self.frames_sent.labels(k)
             self.slow_disconnects.labels(k)
+
+
+class _FramesCollector(Collector):
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "runlog_gateway_frames_sent",
+            "Frames written to clients (WebSocket frames or SSE writes).",
+            labels=["kind"],
+        )
+        for kind, n in self.counts.items():
+            family.add_metric([kind], n)
+        yield family

@@ -88,10 +88,13 @@ class WsClient(Connection, ClientLike):
             or t.get_write_buffer_size() > _DIRECT_WRITE_MAX_BYTES
         ):
             return False
-        t.writelines(frames)
+        if len(frames) == 1:
+            t.write(frames[0])
+        else:
+            t.writelines(frames)
         if topic is not None:
             self.sent[topic] = last
-        self.metrics.frames_sent.labels("ws").inc(len(frames))
+        self.metrics.frames_sent["ws"] += len(frames)
         return True
 
     def on_overflow(self) -> None:
