@@ -42,6 +42,7 @@ class Member:
         self.topic = topic
         self.conn = conn
         self.after = after
+        self.head = after  # the stream's head when the member joined
         self.position = after
         self.mode = mode
         self.live = False
@@ -258,6 +259,7 @@ class Hub:
                 hint="resume from a cursor this stream gave you",
             )
         member = Member(topic, conn, after, mode)
+        member.head = head
         topic.add(member)
         member.start()
         return member

@@ -201,17 +201,11 @@ class WsClient(Connection, ClientLike):
             )
         await self.gw.authorize_stream(self.user, kind, ident)
         mode = "ws_batch" if msg.batch else "ws"
-        # The confirmation is queued before the member starts, so it precedes
-        # the subscription's first event.
-        head = await _head(self.gw, kind, ident)
-        if msg.after > head:
-            raise errors.InvalidCursor(
-                f"cursor {msg.after} is past the head ({head})",
-                hint="resume from a cursor this stream gave you",
-            )
-        self.reply("subscribed", ref=msg.ref, topic=key, cursor=msg.after, head=head)
         member = await self.gw.hub.join(self, kind, ident, msg.after, mode)  # type: ignore[arg-type]
         self.members[key] = member
+        # No await since join() started the member, whose first event can only
+        # go out after this handler yields: the confirmation comes first.
+        self.reply("subscribed", ref=msg.ref, topic=key, cursor=msg.after, head=member.head)
 
     def close_members(self) -> None:
         for m in self.members.values():
@@ -219,12 +213,6 @@ class WsClient(Connection, ClientLike):
         self.members.clear()
         if self._expiry is not None:
             self._expiry.cancel()
-
-
-async def _head(gw: Gateway, kind: str, ident: str) -> int:
-    if kind == "run":
-        return (await gw.broker.store.run_head(ident))[0]
-    return await gw.broker.store.session_head(ident)
 
 
 async def handle_ws(request: web.Request) -> web.StreamResponse:
