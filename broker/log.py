@@ -318,7 +318,19 @@ class Appender:
                 log.warning("append commit failed (%s); retrying", e)
             # Unknown outcome: find out whether it committed before retrying.
             if time.monotonic() > deadline:
-                err = errors.StorageError("PostgreSQL unavailable; the events were not committed")
+                # A last look: the lost reply may have been a COMMIT that
+                # succeeded, and those events must not be reported as lost.
+                try:
+                    found = await self._committed_before(groups)
+                except (*_TRANSIENT, asyncpg.PostgresError):
+                    found = None
+                if found is not None:
+                    accepted = found
+                    break
+                err = errors.StorageError(
+                    "PostgreSQL unavailable: the commit of these events is not confirmed",
+                    hint="the writer is unusable: take the run again (claim) to go on",
+                )
                 for w in groups:
                     w._fail(err)
                 return
@@ -471,7 +483,10 @@ class Appender:
             while self._publish_q and self.bus is not None:
                 items = [self._publish_q[i] for i in range(min(256, len(self._publish_q)))]
                 acked = await self._publish_some(items)
-                for _ in range(acked):
+                # By identity: while we waited, a full backlog may have
+                # dropped some of these from the front already.
+                done = {id(it) for it in items[:acked]}
+                while self._publish_q and id(self._publish_q[0]) in done:
                     self._publish_q.popleft()
                 self.metrics.publish_backlog.set(len(self._publish_q))
                 if acked < len(items):

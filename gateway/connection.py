@@ -90,6 +90,11 @@ class Connection:
 
     def on_overflow(self) -> None:
         """Disconnect the client (subclasses say how); must not block."""
+        self.abort("slow_consumer")
+
+    def abort(self, code: str) -> None:
+        """Disconnect the client with a disconnect code (docs/protocol.md) and
+        its cursors; must not block. Subclasses say how."""
 
     async def stop_writer(self) -> None:
         self._writer_stopped = True

@@ -25,8 +25,23 @@ from broker.store import StoredEvent
 _json = msgspec.json.Encoder()
 
 
+def contiguous(topic: str, items: list[StoredEvent], by_run: bool) -> list[EncodedBatch]:
+    """`items` (in position order) as batches without holes. A run's seqs never
+    have holes; a session's cursors do once old runs are pruned."""
+    out = []
+    start = 0
+    for i in range(1, len(items)):
+        prev, cur = items[i - 1], items[i]
+        if (cur.seq != prev.seq + 1) if by_run else (cur.cursor != prev.cursor + 1):
+            out.append(EncodedBatch(topic, items[start:i], by_run))
+            start = i
+    out.append(EncodedBatch(topic, items[start:], by_run))
+    return out
+
+
 class EncodedBatch:
-    """Contiguous events of one topic, with lazily built shared frames."""
+    """Contiguous events of one topic (positions first..last, no hole), with
+    lazily built shared frames. Build them with `contiguous()`."""
 
     __slots__ = (
         "_sse",

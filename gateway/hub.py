@@ -28,7 +28,7 @@ from broker.store import StoredEvent, retry_transient
 from broker.subscribe import Subscription
 
 from .connection import Connection
-from .frames import EncodedBatch
+from .frames import EncodedBatch, contiguous
 from .metrics import GatewayMetrics
 from .sendq import Mode
 
@@ -83,7 +83,9 @@ class Member:
         return self._push(batch)
 
     def _push(self, batch: EncodedBatch) -> int:
-        start = self.position + 1 - batch.first
+        # Negative only when PostgreSQL shows a hole before the batch (pruned
+        # runs leave holes in a session's cursors): nothing there to send.
+        start = max(0, self.position + 1 - batch.first)
         conn = self.conn
         # Fast path: nothing queued and the socket keeps up, so the shared
         # wire frames go straight to it (no queue, no writer wake-up).
@@ -102,13 +104,17 @@ class Member:
         q = self.conn.queue
         try:
             while not self.closed:
-                # Pace the replay by the client: never queue more than the lag mark.
-                await q.wait_below(q.lag_bytes)
                 page = await self.topic.page(self.position, page_max)
                 if page:
-                    batch = EncodedBatch(self.topic.key, page, self.topic.by_run)
                     hub.metrics.replayed.inc(len(page))
-                    self._push(batch)
+                    # Paced by the client, in chunks of at most the lag mark:
+                    # a page of large events never lands in memory at once.
+                    for chunk in _chunks(page, q.lag_bytes):
+                        await q.wait_below(q.lag_bytes)
+                        if self.closed:
+                            return
+                        for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
+                            hub.metrics.events_fanned_out.inc(self._push(batch))
                     if self.ended:
                         return
                 if len(page) == page_max:
@@ -132,11 +138,14 @@ class Member:
                     continue
                 self.live = True
                 return
-        except errors.RunlogError as e:
-            log.warning("catch-up of %s failed: %s", self.topic.key, e.code)
-            self.conn.overflow()
         except asyncio.CancelledError:
             pass
+        except errors.RunlogError as e:
+            log.warning("catch-up of %s failed: %s", self.topic.key, e.code)
+            self.conn.abort("storage_unavailable")
+        except Exception:
+            log.exception("catch-up of %s failed", self.topic.key)
+            self.conn.abort("internal")
 
     def close(self) -> None:
         self.closed = True
@@ -153,6 +162,7 @@ class Topic:
         self.by_run = kind == "run"
         self.members: set[Member] = set()
         self.ended = False
+        self.closed = False
         self._sub: Subscription | None = None
         self._pump: asyncio.Task[None] | None = None
         self._linger: asyncio.TimerHandle | None = None
@@ -166,14 +176,7 @@ class Topic:
         self._pump = asyncio.create_task(self._run(), name=f"runlog-topic-{self.kind}")
 
     async def head(self) -> int:
-        store = self.hub.broker.store
-        s = self.hub.broker.settings
-        if self.by_run:
-            run_id = self.ident
-            head, _ = await retry_transient(lambda: store.run_head(run_id), for_s=s.db_retry_s)
-            return head
-        sid = self.ident
-        return await retry_transient(lambda: store.session_head(sid), for_s=s.db_retry_s)
+        return await self.hub.head(self.kind, self.ident)
 
     async def page(self, after: int, limit: int) -> list[StoredEvent]:
         store = self.hub.broker.store
@@ -194,10 +197,10 @@ class Topic:
             latency = metrics.commit_to_send_seconds
             fanned = metrics.events_fanned_out
             async for items in self._sub:
-                batch = EncodedBatch(self.key, items, self.by_run)
                 n = 0
-                for m in list(self.members):
-                    n += m.offer(batch)
+                for batch in contiguous(self.key, items, self.by_run):
+                    for m in list(self.members):
+                        n += m.offer(batch)
                 if n:
                     fanned.inc(n)
                 if self._sub.committed_ms and self.members:
@@ -210,8 +213,13 @@ class Topic:
             # their clients resume (elsewhere or later) from their cursors.
             log.warning("topic %s stopped: %s", self.key, e.code)
             for m in list(self.members):
-                m.conn.overflow()
+                m.conn.abort("storage_unavailable")
+        except Exception:
+            log.exception("topic %s stopped", self.key)
+            for m in list(self.members):
+                m.conn.abort("internal")
         finally:
+            self.closed = True
             self.hub._forget(self)
             await self._sub.close()
 
@@ -223,14 +231,20 @@ class Topic:
 
     def remove(self, member: Member) -> None:
         self.members.discard(member)
-        if not self.members and self._linger is None:
-            loop = asyncio.get_running_loop()
-            self._linger = loop.call_later(self.hub.linger_s, self._close_if_unused)
+        self.linger_if_unused()
 
     def _close_if_unused(self) -> None:
         self._linger = None
-        if not self.members and self._pump is not None:
-            self._pump.cancel()
+        if not self.members:
+            self.closed = True  # from now on, joins make a new topic
+            self.hub._forget(self)
+            if self._pump is not None:
+                self._pump.cancel()
+
+    def linger_if_unused(self) -> None:
+        if not self.members and self._linger is None and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._linger = loop.call_later(self.hub.linger_s, self._close_if_unused)
 
     async def close(self) -> None:
         if self._pump is not None:
@@ -251,18 +265,28 @@ class Hub:
 
     async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
         """Follow a run or session for `conn` from cursor `after`."""
-        topic = await self._topic(kind, ident)
-        head = await topic.head()
+        # Checked before any topic exists, so a bad cursor costs nothing (the
+        # head only grows, so the check stays true).
+        head = await self.head(kind, ident)
         if after > head:
             raise errors.InvalidCursor(
                 f"cursor {after} is past the head ({head})",
                 hint="resume from a cursor this stream gave you",
             )
+        topic = await self._topic(kind, ident)
         member = Member(topic, conn, after, mode)
         member.head = head
         topic.add(member)
         member.start()
         return member
+
+    async def head(self, kind: str, ident: str) -> int:
+        store = self.broker.store
+        s = self.broker.settings
+        if kind == "run":
+            head, _ = await retry_transient(lambda: store.run_head(ident), for_s=s.db_retry_s)
+            return head
+        return await retry_transient(lambda: store.session_head(ident), for_s=s.db_retry_s)
 
     def leave(self, member: Member) -> None:
         member.close()
@@ -271,7 +295,7 @@ class Hub:
     async def _topic(self, kind: str, ident: str) -> Topic:
         key = f"{kind}:{ident}"
         topic = self._topics.get(key)
-        if topic is not None and not topic.ended:
+        if topic is not None and not topic.ended and not topic.closed:
             return topic
         starting = self._starting.get(key)
         if starting is not None:
@@ -282,6 +306,7 @@ class Hub:
             topic = Topic(self, kind, ident)
             await topic.start()
             self._topics[key] = topic
+            topic.linger_if_unused()  # closed after a while if no member ever joins
             self.metrics.topics.set(len(self._topics))
             fut.set_result(topic)
             return topic
@@ -301,3 +326,16 @@ class Hub:
         for t in list(self._topics.values()):
             await t.close()
         self._topics.clear()
+
+
+def _chunks(page: list[StoredEvent], max_bytes: int) -> list[list[StoredEvent]]:
+    """`page` cut into runs of at most `max_bytes` of payload (at least one event)."""
+    out: list[list[StoredEvent]] = []
+    start = size = 0
+    for i, e in enumerate(page):
+        if i > start and size + len(e.payload) > max_bytes:
+            out.append(page[start:i])
+            start, size = i, 0
+        size += len(e.payload)
+    out.append(page[start:])
+    return out

@@ -48,7 +48,7 @@ class Item:
         *,
         mode: Mode = "ws",
         first: int = 0,
-        key: tuple[str, str] | None = None,
+        key: tuple[str, str, str] | None = None,
         event: dict[str, Any] | None = None,
         payloads: list[bytes] | None = None,
     ) -> None:
@@ -85,8 +85,8 @@ class SendQueue:
         # deque plus two asyncio.Events.
         self._items: list[Item] = []
         self.nbytes = 0  # queued + being written
-        self._ready: asyncio.Future[None] | None = None
-        self._progress: asyncio.Future[None] | None = None
+        self._ready: asyncio.Future[None] | None = None  # only the writer waits
+        self._progress: list[asyncio.Future[None]] = []  # any number may wait
         self.on_ready: Callable[[], None] | None = None  # called when items arrive
         self.coalesced = 0
         self.dropped = 0
@@ -151,7 +151,8 @@ class SendQueue:
                 continue
             id_field, text_field = spec
             ev = _decode(e.payload)
-            key = (e.type, str(ev.get(id_field, "")))
+            # Ids are unique within a run only: a session stream mixes runs.
+            key = (e.run_id, e.type, str(ev.get(id_field, "")))
             last = self._items[-1] if self._items else None
             if last is not None and last.key == key and last.topic == batch.topic:
                 assert last.event is not None
@@ -197,17 +198,18 @@ class SendQueue:
         self._wake_progress()
 
     def _wake_progress(self) -> None:
-        if self._progress is not None and not self._progress.done():
-            self._progress.set_result(None)
+        waiters, self._progress = self._progress, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     async def wait_below(self, nbytes: int) -> None:
-        """Wait until at most `nbytes` are queued or being written."""
+        """Wait until at most `nbytes` are queued or being written. Several
+        tasks may wait at once (e.g. the catch-ups of two subscriptions)."""
         while self.nbytes > nbytes:
-            self._progress = asyncio.get_running_loop().create_future()
-            try:
-                await self._progress
-            finally:
-                self._progress = None
+            fut = asyncio.get_running_loop().create_future()
+            self._progress.append(fut)
+            await fut
 
     def clear(self) -> None:
         self._items = []

@@ -52,7 +52,8 @@ class SseClient(Connection, ClientLike):
         await self.resp.write(b"".join(frames))
         self._last_write = asyncio.get_running_loop().time()
 
-    def on_overflow(self) -> None:
+    def abort(self, code: str) -> None:
+        self.disconnect_code = code
         self._done.set()
 
     async def _write_items(self, items: list[Item]) -> None:
@@ -85,7 +86,7 @@ class SseClient(Connection, ClientLike):
                 return
             if loop.time() - self._last_write >= s.sse_heartbeat_s and self.queue.nbytes == 0:
                 self.queue.put_message(b": hb\n\n")
-        code = "slow_consumer" if self.overflowed else self.disconnect_code
+        code = self.disconnect_code
         if code is not None:
             if code != "slow_consumer":
                 await self.flush(2.0)
@@ -93,8 +94,9 @@ class SseClient(Connection, ClientLike):
             await self.stop_writer()
             d = CODES[code]
             data = message("disconnect", code=code, reconnect=d.reconnect, cursor=self.cursor())
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self.resp.write(b"event: disconnect\ndata: " + data + b"\n\n")
+            with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+                async with asyncio.timeout(2.0):  # a client that does not read
+                    await self.resp.write(b"event: disconnect\ndata: " + data + b"\n\n")
 
 
 def cursor_from(request: web.Request) -> int:
@@ -119,12 +121,20 @@ async def stream(
         head, ended = await gw.broker.store.run_head(ident)
         if ended and after >= head:
             return web.Response(status=204)
+    else:
+        head = await gw.hub.head(kind, ident)
+    # Refused before the stream starts, so the client gets a JSON error.
+    if after > head:
+        raise errors.InvalidCursor(
+            f"cursor {after} is past the head ({head})",
+            hint="resume from a cursor this stream gave you",
+        )
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     client = SseClient(gw, resp, user)
+    await resp.prepare(request)
+    await resp.write(b"retry: 1000\n: connected\n\n")
     client.member = await gw.hub.join(client, kind, ident, after, "sse")
     try:
-        await resp.prepare(request)
-        await resp.write(b"retry: 1000\n: connected\n\n")
         gw.connections.add(client)
         gw.metrics.connections.labels("sse").inc()
         try:
@@ -137,6 +147,11 @@ async def stream(
     finally:
         gw.hub.leave(client.member)
         await client.stop_writer()
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await resp.write_eof()
+    try:
+        # A client that stopped reading never drains the end of the stream.
+        async with asyncio.timeout(2.0):
+            await resp.write_eof()
+    except (TimeoutError, ConnectionError, RuntimeError):
+        if request.transport is not None:
+            request.transport.abort()
     return resp

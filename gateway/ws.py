@@ -97,10 +97,8 @@ class WsClient(Connection, ClientLike):
         self.metrics.frames_sent["ws"] += len(frames)
         return True
 
-    def on_overflow(self) -> None:
-        self._disconnect_task = asyncio.get_running_loop().create_task(
-            self.server_disconnect("slow_consumer")
-        )
+    def abort(self, code: str) -> None:
+        self._disconnect_task = asyncio.get_running_loop().create_task(self.server_disconnect(code))
 
     def reply(self, type_: str, **fields: object) -> None:
         data = message(type_, **fields)
@@ -159,6 +157,7 @@ class WsClient(Connection, ClientLike):
             case protocol.Unsubscribe():
                 kind, ident = protocol.topic_of(msg)
                 m = self.members.pop(f"{kind}:{ident}", None)
+                self.sent.pop(f"{kind}:{ident}", None)
                 if m is not None:
                     self.gw.hub.leave(m)
                 self.reply("unsubscribed", ref=msg.ref, topic=f"{kind}:{ident}")
@@ -186,9 +185,7 @@ class WsClient(Connection, ClientLike):
         self._expiry = loop.call_later(delay, self._expire)
 
     def _expire(self) -> None:
-        self._disconnect_task = asyncio.get_running_loop().create_task(
-            self.server_disconnect("token_expired")
-        )
+        self.abort("token_expired")
 
     async def subscribe(self, msg: protocol.Subscribe) -> None:
         kind, ident = protocol.topic_of(msg)
@@ -201,6 +198,7 @@ class WsClient(Connection, ClientLike):
             )
         await self.gw.authorize_stream(self.user, kind, ident)
         mode = "ws_batch" if msg.batch else "ws"
+        self.sent.pop(key, None)  # a cursor from an earlier subscription is not this one's
         member = await self.gw.hub.join(self, kind, ident, msg.after, mode)  # type: ignore[arg-type]
         self.members[key] = member
         # No await since join() started the member, whose first event can only

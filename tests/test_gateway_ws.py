@@ -304,3 +304,49 @@ async def test_concurrent_decisions_from_two_gateways_one_wins(
                 assert r["result"]["approval"]["decision"] == winner
         stored = await approvals.get(broker.store.pool, aid)
         assert stored.decision == winner
+
+
+async def test_session_streams_skip_pruned_holes_with_real_cursors(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    """Pruning a finished run leaves a hole in its session's cursors: streams
+    must carry the real cursors and lose nothing around the hole."""
+    sid = await session_with(http, gw, "alice")
+    r1, _ = await write_run(broker, sid, 5)  # cursors 1-6
+    r2, _ = await write_run(broker, sid, 5)  # 7-12, pruned below
+    r3, _ = await write_run(broker, sid, 10)  # 13-23
+    async with broker.store.pool.acquire() as conn:
+        await conn.execute("DELETE FROM events WHERE run_id = $1", r2)
+    expected = list(range(1, 7)) + list(range(13, 24))
+    async with ws_connect(http, gw, "alice") as c:
+        for batch_mode in (False, True):
+            topic = f"session:{sid}"
+            c.events.pop(topic, None)
+            await c.send(type="subscribe", session_id=sid, after=0, batch=batch_mode)
+            await c.next_reply()
+            got = await c.collect(topic, count=len(expected), until_type="-")
+            assert [cur for cur, _ in got] == expected
+            assert [cur for cur, e in got if e["run_id"] == r3] == list(range(13, 24))
+            await c.send(type="unsubscribe", session_id=sid)
+            await c.next_reply()
+        c.events.pop(f"session:{sid}", None)
+        await c.send(type="subscribe", session_id=sid, after=6)
+        await c.next_reply()
+        got = await c.collect(f"session:{sid}", count=11, until_type="-")
+        assert [cur for cur, _ in got] == list(range(13, 24))
+        assert [e["seq"] for _, e in got] == list(range(1, 12))  # all of run 3
+    assert r1 != r3
+
+
+async def test_a_refused_subscription_leaves_no_topic_behind(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    from gateway.context import GATEWAY
+
+    sid = await session_with(http, gw, "alice")
+    hub = gw.app[GATEWAY].hub
+    async with ws_connect(http, gw, "alice") as c:
+        for _ in range(3):
+            await c.send(type="subscribe", session_id=sid, after=99)
+            assert (await c.next_reply())["code"] == "invalid_cursor"
+    assert f"session:{sid}" not in hub._topics

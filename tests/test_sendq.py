@@ -14,7 +14,7 @@ def stored(seq: int, ev: events.Event, run_id: str = "r_1") -> StoredEvent:
     ev.run_id, ev.session_id, ev.seq, ev.ts = run_id, "s_1", seq, 0
     tag = type(ev).__struct_config__.tag
     assert isinstance(tag, str)
-    return StoredEvent(run_id, seq, seq + 100, tag, events.encode(ev))
+    return StoredEvent(run_id, seq, seq, tag, events.encode(ev))
 
 
 def batch(*evs: events.Event, first: int = 1) -> EncodedBatch:
@@ -77,3 +77,34 @@ def test_bound_is_reported_and_written_bytes_are_released() -> None:
     for it in q.take():
         q.written(it)
     assert q.nbytes == 0
+
+
+async def test_several_tasks_can_wait_for_the_queue_to_drain() -> None:
+    import asyncio
+
+    q = SendQueue(max_bytes=1_000_000, lag_bytes=10)
+    q.put_events("ws", batch(events.TextDelta(message_id="m", delta="z" * 50)), 0)
+    woken: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await q.wait_below(0)
+        woken.append(i)
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    for it in q.take():
+        q.written(it)
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert sorted(woken) == [0, 1, 2]
+
+
+def test_coalescing_never_merges_deltas_of_different_runs() -> None:
+    q = SendQueue(max_bytes=1_000_000, lag_bytes=0)
+    q.put_message(b'{"type":"pad"}')
+    items = [
+        stored(1, events.ToolArgsDelta(tool_call_id="call_1_0", partial_json='{"a"'), "r_a"),
+        stored(2, events.ToolArgsDelta(tool_call_id="call_1_0", partial_json='{"b"'), "r_b"),
+    ]
+    q.put_events("ws", EncodedBatch("session:s_1", items, False), 0)
+    out = frames(q)[1:]
+    assert [f["event"]["run_id"] for f in out] == ["r_a", "r_b"]
