@@ -165,6 +165,11 @@ async def start_run(request: web.Request) -> web.StreamResponse:
     p = gw.principal(request)
     sid = request.match_info["session_id"]
     body = await read_body(request, StartRun, gw)
+    # The input travels in the run's first event, which must fit an event.
+    if len(body.input.encode()) > gw.settings.max_event_bytes - 4096:
+        raise errors.PayloadTooLarge(
+            f"input is over {gw.settings.max_event_bytes - 4096} bytes of UTF-8"
+        )
     await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "start runs")
     run_id = await gw.broker.start_run(sid, p.user, input=body.input, model=body.model)
     if wants_sse(request):

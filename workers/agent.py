@@ -99,6 +99,13 @@ class Agent:
                 return "failed"
             except Released:
                 return "released"
+            except (errors.PayloadTooLarge, errors.InvalidEvent) as e:
+                # An event we built was refused before it was queued (e.g. a
+                # huge input or tool summary): the writer is intact, so end
+                # the run with a code rather than abandon it to a takeover.
+                log.error("run %s: event refused: %s", ctx.run.run_id, e.code)
+                await self._end_failed(RunFailure("internal"))
+                return "failed"
             except Exception as e:
                 if isinstance(e, errors.RunlogError):
                     raise

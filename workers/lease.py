@@ -35,17 +35,29 @@ async def keep_lease(
     on_lost: Callable[[], None],
 ) -> None:
     interval = lease_s / 3
-    last_ok = time.monotonic()
+    # The lease is valid until (time the last successful renewal was *sent*)
+    # + lease_s, minus a margin: PostgreSQL's clock started counting then.
+    # A renewal that hangs (a silent partition) must not keep us writing past
+    # that, so each one is bounded by the time left.
+    margin = min(1.0, lease_s / 10)
+    valid_until = time.monotonic() + lease_s - margin
     while True:
         await asyncio.sleep(interval)
+        sent = time.monotonic()
+        left = valid_until - sent
+        if left <= 0:
+            log.warning("run %s: lease expired unrenewed; giving it up", ownership.run_id)
+            on_lost()
+            return
         try:
-            alive = await store.renew_lease(ownership.run_id, ownership.epoch, lease_s)
-            if alive and signals.stop is None:
-                stop = await store.interrupt_request(ownership.run_id)
-                if stop is not None:
-                    signals.request_stop(*stop)
+            async with asyncio.timeout(left):
+                alive = await store.renew_lease(ownership.run_id, ownership.epoch, lease_s)
+                if alive and signals.stop is None:
+                    stop = await store.interrupt_request(ownership.run_id)
+                    if stop is not None:
+                        signals.request_stop(*stop)
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
-            if time.monotonic() - last_ok > lease_s:
+            if time.monotonic() >= valid_until:
                 log.warning(
                     "run %s: lease not renewed for %.0f s; giving it up", ownership.run_id, lease_s
                 )
@@ -57,4 +69,4 @@ async def keep_lease(
             log.info("run %s: lease lost (another worker owns it, or it ended)", ownership.run_id)
             on_lost()
             return
-        last_ok = time.monotonic()
+        valid_until = sent + lease_s - margin

@@ -90,6 +90,11 @@ async def _execute(
     ctx: RunContext, state: AgentState, call: ToolCall, tool: Tool, args: dict[str, object]
 ) -> None:
     ctx.check_halt()  # stopped since the last phase: the tool never starts
+    # Durable before acting: the commit either fails with StaleEpoch (we lost
+    # the run: the tool must not run) or makes the call part of the log, so a
+    # takeover sees it and never restarts the run into calling it again.
+    await ctx.writer.flush()
+    ctx.check_halt()
     if tool.side_effects:
         state.side_effects.append(call.id)
     t0 = time.monotonic()

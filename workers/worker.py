@@ -48,7 +48,7 @@ from broker import control, errors
 from broker.constants import JOBS_STREAM, JOBS_SUBJECT
 from broker.runtime import Broker
 from broker.settings import Settings
-from broker.store import TRANSIENT_DB_ERRORS, Ownership
+from broker.store import TRANSIENT_DB_ERRORS, Ownership, RunInfo
 
 from .adapters.factory import close_adapter, make_adapter, model_name
 from .agent import Agent, Outcome
@@ -204,6 +204,10 @@ class Worker:
                     await self._take_job(msg)
                 except (nats.errors.Error, OSError, TimeoutError) as e:
                     log.warning("job ack failed: %s (it will be redelivered)", e)
+                except Exception:
+                    # Intake must outlive any one job: the job is redelivered
+                    # (not acked) or reconciled from PostgreSQL.
+                    log.exception("job intake failed for one job; going on")
 
     async def _take_job(self, msg: Msg) -> None:
         m = self.metrics
@@ -287,11 +291,19 @@ class Worker:
                 keep_lease(b.store, own, self.settings.worker_lease_s, signals, lost)
             )
             # Concurrently: they are all on the path to run_start.
-            _, stop, run = await asyncio.gather(
+            # return_exceptions: every call finishes before we go on (or out),
+            # so `follower.close()` below never races a start still in flight.
+            results = await asyncio.gather(
                 follower.start(),
                 b.store.interrupt_request(own.run_id),
                 b.store.get_run(own.run_id),
+                return_exceptions=True,
             )
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            stop, run = results[1], results[2]
+            assert not isinstance(stop, BaseException) and isinstance(run, RunInfo)
             if stop is not None:
                 signals.request_stop(*stop)
             ctx = RunContext(
@@ -347,6 +359,8 @@ class Worker:
         for run_id in await store.expired_runs():
             if self._draining:
                 return
+            if len(self._runs) >= self.concurrency:
+                return  # full: the other workers take the rest
             if run_id in self._runs:
                 continue
             own = await store.claim_expired(run_id, self.worker_id, s.worker_lease_s)
