@@ -125,3 +125,15 @@ async def test_a_client_leaving_does_not_stop_the_run(settings: Settings) -> Non
         await sub.close()  # the only watcher disconnects mid-run
         evs = await read_run(b, run_id)
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_every_tool_card_gets_a_result_when_stopped_mid_call(settings: Settings) -> None:
+    async with running_worker(settings, scripted_tokens_per_s=30.0) as (b, _):
+        _, run_id = await start(b, "tell me about approvals")
+        await wait_event(b, run_id, "tool_call_start", count=1)
+        await b.interrupt(run_id, "bob", "stop mid-call")
+        evs = await read_run(b, run_id)
+    opened = [e.tool_call_id for e in of(evs, events.ToolCallStart)]
+    resulted = [e.tool_call_id for e in of(evs, events.ToolResult)]
+    assert opened and sorted(opened) == sorted(resulted)
+    assert evs[-1].status == "aborted"  # type: ignore[union-attr]

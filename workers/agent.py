@@ -249,6 +249,7 @@ class Agent:
                     turn.message_id = ids.new_id("m")
                 tool = ctx.registry.get(name)
                 turn.calls[call_id] = (name, [])
+                ctx.opened.append(call_id)
                 if not self._first_tool:
                     self._first_tool = True
                     self._observe_since_created(ctx.metrics.time_to_first_tool_card)
@@ -276,12 +277,15 @@ class Agent:
     async def _close_pending(self) -> None:
         """Every tool card gets its result: calls the run ends before are skipped."""
         ctx = self.ctx
-        for call in self.state.pending:
-            if call.id not in ctx.resulted:
-                ctx.resulted.add(call.id)
+        # Pending calls of this turn, and cards opened mid-stream (a stop or a
+        # model failure before the turn finished leaves them unlisted).
+        ids_ = [c.id for c in self.state.pending] + ctx.opened
+        for call_id in dict.fromkeys(ids_):
+            if call_id not in ctx.resulted:
+                ctx.resulted.add(call_id)
                 await ctx.append(
                     events.ToolResult(
-                        tool_call_id=call.id, status="skipped", summary="not run: the run ended"
+                        tool_call_id=call_id, status="skipped", summary="not run: the run ended"
                     )
                 )
 

@@ -69,6 +69,7 @@ class RunContext:
         self.clock = clock
         self.produced_output = False  # content deltas or tool drafts are in the log
         self.resulted: set[str] = set()  # tool calls that got their tool_result
+        self.opened: list[str] = []  # tool calls whose tool_call_start was appended
         self._deadline = 0.0  # loop time at which the run timeout fires
         self._paused_remaining: float | None = None
 
