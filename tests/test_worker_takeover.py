@@ -126,3 +126,35 @@ async def _wait_request(b: Broker, run_id: str) -> events.ApprovalRequired:
     ev = await wait_event(b, run_id, "approval_required")
     assert isinstance(ev, events.ApprovalRequired)
     return ev
+
+
+async def test_stop_audit_after_takeover_names_side_effects_from_the_log(broker: Broker) -> None:
+    """A tool with side effects ran after the last checkpoint (none here), then
+    the worker died and a stop was requested: the audit still names it."""
+    from workers.metrics import WorkerMetrics
+    from workers.takeover import plan_takeover
+
+    sid = await broker.store.create_session("alice")
+    run_id = await broker.store.create_run(sid, "alice")
+    w = await broker.claim(run_id, "dead-worker")
+    await w.append(events.RunStart(model="m", started_by="alice"))
+    for cid, status in (("c1", "ok"), ("c2", "denied")):
+        await w.append(events.ToolCallStart(tool_call_id=cid, tool_name="save_note"))
+        await w.append(events.ToolResult(tool_call_id=cid, status=status))  # type: ignore[arg-type]
+    await w.append(events.ToolCallStart(tool_call_id="c3", tool_name="search_docs"))
+    await w.flush()
+    await broker.store.request_interrupt(run_id, "bob", "stop")
+    await broker.store.pool.execute(
+        "UPDATE runs SET lease_until = now() - interval '1 minute' WHERE run_id = $1", run_id
+    )
+    own = await broker.store.claim_expired(run_id, "survivor", 10.0)
+    assert own is not None
+    plan = await plan_takeover(broker.store, own)
+    assert plan.outcome == "aborted"
+    from prometheus_client import CollectorRegistry
+
+    await plan.end(broker.store, broker.writer(own),
+                   WorkerMetrics(CollectorRegistry(), ["save_note"]), frozenset({"save_note"}))  # fmt: skip
+    last = events.decode_stored((await broker.store.run_page(run_id, 0, 100))[-1].payload)
+    assert isinstance(last, events.RunEnd) and last.status == "aborted"
+    assert last.stop is not None and last.stop.side_effects == ["c1"]

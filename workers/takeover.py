@@ -44,11 +44,20 @@ class TakeoverPlan(NamedTuple):
     stop: tuple[str, int, str] | None
     resume: ResumePoint | None
 
-    async def end(self, store: Store, writer: RunWriter, metrics: WorkerMetrics) -> None:
+    async def end(
+        self,
+        store: Store,
+        writer: RunWriter,
+        metrics: WorkerMetrics,
+        side_effect_tools: frozenset[str] = frozenset(),
+    ) -> None:
         await approvals.close_open_for_run(store.pool, writer.run_id)
         if self.stop is not None:
             by, at_ms, reason = self.stop
             at_seq = writer.last_seq
+            # From the log, not the checkpoint: tools may have run after the
+            # last checkpoint, and the audit must name every side effect.
+            done = await _side_effects_in_log(store, writer.run_id, side_effect_tools)
             await writer.append(events.InterruptRequested(requested_by=by, reason=reason))
             audit = events.StopAudit(
                 requested_by=by,
@@ -56,7 +65,7 @@ class TakeoverPlan(NamedTuple):
                 reason=reason,
                 at_seq=at_seq,
                 step=self.state.step if self.state else 0,
-                side_effects=list(self.state.side_effects) if self.state else [],
+                side_effects=done,
             )
             await writer.append(events.RunEnd(status="aborted", stop=audit))
         else:
@@ -108,3 +117,23 @@ async def _approval_tail(store: Store, own: Ownership, state: AgentState) -> Res
     if decided is not None and not requested:
         return None
     return ResumePoint(requested, decided)
+
+
+async def _side_effects_in_log(store: Store, run_id: str, tools: frozenset[str]) -> list[str]:
+    """Calls of side-effecting tools that started running: every such call
+    except those denied or skipped (a tool that errored may have acted)."""
+    started: list[str] = []
+    not_run: set[str] = set()
+    after = 0
+    while True:
+        page = await store.run_page(run_id, after, 1000)
+        for item in page:
+            if item.type == "tool_call_start" or item.type == "tool_result":
+                ev = events.decode_stored(item.payload)
+                if isinstance(ev, events.ToolCallStart) and ev.tool_name in tools:
+                    started.append(ev.tool_call_id)
+                elif isinstance(ev, events.ToolResult) and ev.status in ("denied", "skipped"):
+                    not_run.add(ev.tool_call_id)
+        if len(page) < 1000:
+            return [c for c in started if c not in not_run]
+        after = page[-1].seq

@@ -351,6 +351,12 @@ class Worker:
                 log.exception("reaper round failed")
             await asyncio.sleep(self.settings.worker_reaper_interval_s)
 
+    def _side_effect_tools(self) -> frozenset[str]:
+        reg = self._tools
+        if reg is None:
+            return frozenset()
+        return frozenset(n for n in reg.names() if (t := reg.get(n)) is not None and t.side_effects)
+
     async def _reap_once(self) -> None:
         store = self.broker.store
         m = self.metrics
@@ -373,7 +379,7 @@ class Worker:
                 if plan.run:
                     self._spawn(own, plan.state, plan.resume)
                 else:
-                    await plan.end(store, self.broker.writer(own), m)
+                    await plan.end(store, self.broker.writer(own), m, self._side_effect_tools())
             except errors.RunlogError as e:
                 # Another worker took it meanwhile, or PostgreSQL is away: the
                 # lease we just took runs out and the run is taken over again.
