@@ -30,6 +30,7 @@ is committed before the worker exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -90,6 +91,7 @@ class Worker:
         self.broker = broker
         self.settings = settings
         self.concurrency = max(1, concurrency or settings.worker_concurrency)
+        self._drain_requested = asyncio.Event()
         self.worker_id = worker_id or settings.worker_id or _default_id()
         self.registry = registry if registry is not None else CollectorRegistry()
         self._adapter = adapter
@@ -141,10 +143,8 @@ class Worker:
         self._draining = True
         timeout_s = self.settings.drain_timeout_s if timeout_s is None else timeout_s
         # The intake loop notices the flag within one fetch (≤ 1 s) and naks
-        # anything it fetched meanwhile; the reaper stops at once.
-        for t in self._tasks:
-            if t.get_name() == "runlog-worker-reaper":
-                t.cancel()
+        # anything it fetched meanwhile; the reaper finishes its round.
+        self._drain_requested.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for owned in self._runs.values():
             owned.signals.release()
@@ -349,7 +349,11 @@ class Worker:
                 log.warning("reaper round failed: %s", e)
             except Exception:
                 log.exception("reaper round failed")
-            await asyncio.sleep(self.settings.worker_reaper_interval_s)
+            # Drain wakes this sleep; a round in progress is never cancelled
+            # (a claim without its spawn or its end would strand the run).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.worker_reaper_interval_s):
+                    await self._drain_requested.wait()
 
     def _side_effect_tools(self) -> frozenset[str]:
         reg = self._tools
