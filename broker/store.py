@@ -436,6 +436,22 @@ class Store:
         )
         return [StoredEvent(*r) for r in rows]
 
+    # -- a stream (a run's or a session's), read with retries: what readers use
+
+    async def stream_page(
+        self, by_run: bool, ident: str, after: int, limit: int, *, retry_s: float
+    ) -> list[StoredEvent]:
+        """`run_page` or `session_page`, retried while PostgreSQL is unreachable."""
+        if by_run:
+            return await retry_transient(lambda: self.run_page(ident, after, limit), for_s=retry_s)
+        return await retry_transient(lambda: self.session_page(ident, after, limit), for_s=retry_s)
+
+    async def stream_head(self, by_run: bool, ident: str, *, retry_s: float) -> tuple[int, bool]:
+        """(head position, whether the stream ended: only runs end), with retries."""
+        if by_run:
+            return await retry_transient(lambda: self.run_head(ident), for_s=retry_s)
+        return await retry_transient(lambda: self.session_head(ident), for_s=retry_s), False
+
     async def run_head(self, run_id: str) -> tuple[int, bool]:
         """(last committed seq, whether the run has ended)."""
         row = await self.pool.fetchrow(

@@ -29,7 +29,7 @@ from . import errors
 from .bus import Bus, LiveBatch
 from .metrics import BrokerMetrics
 from .settings import Settings
-from .store import Store, StoredEvent, retry_transient
+from .store import Store, StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Subscription:
         self._overflowed = False
         self._nats_sub: NatsSubscription | None = None
         self._by_run = run_id is not None
+        self._ident = run_id if run_id is not None else session_id or ""
 
     # -- lifecycle
 
@@ -188,31 +189,16 @@ class Subscription:
         return items
 
     async def _page(self) -> list[StoredEvent]:
-        limit = self.settings.page_max_events
-        pos = self.position
-        if self.run_id is not None:
-            run_id = self.run_id
-            return await retry_transient(
-                lambda: self.store.run_page(run_id, pos, limit), for_s=self.settings.db_retry_s
-            )
-        session_id = self.session_id or ""
-        return await retry_transient(
-            lambda: self.store.session_page(session_id, pos, limit),
-            for_s=self.settings.db_retry_s,
-        )
+        return await self.store.stream_page(
+            self._by_run, self._ident, self.position, self.settings.page_max_events,
+            retry_s=self.settings.db_retry_s,
+        )  # fmt: skip
 
     async def _head_and_end(self) -> tuple[int, bool]:
         """The head position, and whether the (run) stream has ended."""
-        if self.run_id is not None:
-            run_id = self.run_id
-            return await retry_transient(
-                lambda: self.store.run_head(run_id), for_s=self.settings.db_retry_s
-            )
-        session_id = self.session_id or ""
-        head = await retry_transient(
-            lambda: self.store.session_head(session_id), for_s=self.settings.db_retry_s
+        return await self.store.stream_head(
+            self._by_run, self._ident, retry_s=self.settings.db_retry_s
         )
-        return head, False
 
     async def _check_position(self) -> list[StoredEvent]:
         head, ended = await self._head_and_end()

@@ -24,7 +24,7 @@ import time
 
 from broker import errors
 from broker.runtime import Broker
-from broker.store import StoredEvent, retry_transient
+from broker.store import StoredEvent
 from broker.subscribe import Subscription
 
 from .connection import Connection
@@ -179,15 +179,9 @@ class Topic:
         return await self.hub.head(self.kind, self.ident)
 
     async def page(self, after: int, limit: int) -> list[StoredEvent]:
-        store = self.hub.broker.store
-        s = self.hub.broker.settings
-        ident = self.ident
-        if self.by_run:
-            return await retry_transient(
-                lambda: store.run_page(ident, after, limit), for_s=s.db_retry_s
-            )
-        return await retry_transient(
-            lambda: store.session_page(ident, after, limit), for_s=s.db_retry_s
+        b = self.hub.broker
+        return await b.store.stream_page(
+            self.by_run, self.ident, after, limit, retry_s=b.settings.db_retry_s
         )
 
     async def _run(self) -> None:
@@ -281,12 +275,9 @@ class Hub:
         return member
 
     async def head(self, kind: str, ident: str) -> int:
-        store = self.broker.store
-        s = self.broker.settings
-        if kind == "run":
-            head, _ = await retry_transient(lambda: store.run_head(ident), for_s=s.db_retry_s)
-            return head
-        return await retry_transient(lambda: store.session_head(ident), for_s=s.db_retry_s)
+        b = self.broker
+        head, _ = await b.store.stream_head(kind == "run", ident, retry_s=b.settings.db_retry_s)
+        return head
 
     def leave(self, member: Member) -> None:
         member.close()

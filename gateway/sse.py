@@ -117,12 +117,11 @@ async def stream(
 ) -> web.StreamResponse:
     if gw.draining:
         raise errors.StorageError("this gateway is draining", hint="connect to another gateway")
-    if kind == "run":
-        head, ended = await gw.broker.store.run_head(ident)
-        if ended and after >= head:
-            return web.Response(status=204)
-    else:
-        head = await gw.hub.head(kind, ident)
+    head, ended = await gw.broker.store.stream_head(
+        kind == "run", ident, retry_s=gw.settings.db_retry_s
+    )
+    if ended and after >= head:
+        return web.Response(status=204)
     # Refused before the stream starts, so the client gets a JSON error.
     if after > head:
         raise errors.InvalidCursor(
