@@ -32,7 +32,6 @@ class Connection:
         self.queue = queue
         self.metrics = metrics
         self.sent: dict[str, int] = {}  # topic -> last position written
-        self.closing = False
         self._writer: asyncio.Task[None] | None = None
         self._writer_stopped = False
         self.overflowed = False
@@ -79,6 +78,11 @@ class Connection:
                 self.sent[it.topic] = it.last
                 events += 1
         self.metrics.frames_sent[self.kind] += len(frames)
+        q = self.queue
+        if q.coalesced or q.dropped:  # only a lagging connection gets here with these
+            self.metrics.coalesced.inc(q.coalesced)
+            self.metrics.dropped.inc(q.dropped)
+            q.coalesced = q.dropped = 0
 
     def overflow(self) -> None:
         """The send queue passed its bound: the client is too slow."""

@@ -108,3 +108,31 @@ def test_coalescing_never_merges_deltas_of_different_runs() -> None:
     q.put_events("ws", EncodedBatch("session:s_1", items, False), 0)
     out = frames(q)[1:]
     assert [f["event"]["run_id"] for f in out] == ["r_a", "r_b"]
+
+
+async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.connection import Connection
+    from gateway.metrics import GatewayMetrics
+
+    written: list[bytes] = []
+
+    class Capture(Connection):
+        kind = "ws"
+
+        async def write_frames(self, frames: list[bytes]) -> None:
+            written.extend(frames)
+
+    metrics = GatewayMetrics(CollectorRegistry())
+    conn = Capture("u", "ws", SendQueue(max_bytes=1_000_000, lag_bytes=0), metrics)
+    conn.queue.put_message(b'{"type":"pad"}')
+    conn.queue.put_events("ws", batch(
+        events.TextDelta(message_id="m", delta="a"),
+        events.TextDelta(message_id="m", delta="b"),
+        events.Progress(label="p"),
+    ), 0)  # fmt: skip
+    await conn._write_items(conn.queue.take())
+    assert len(written) == 2
+    assert metrics.coalesced._value.get() == 1 and metrics.dropped._value.get() == 1
+    assert metrics.frames_sent["ws"] == 2 and conn.queue.nbytes == 0
