@@ -143,6 +143,14 @@ class StorageError(RunlogError):
     http_status = 503
 
 
+class ServerDraining(RunlogError):
+    """This process is shutting down: the same request works on another one."""
+
+    code = "server_draining"
+    retryable = True
+    http_status = 503
+
+
 class BusUnavailable(StorageError):
     code = "bus_unavailable"
 

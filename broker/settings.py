@@ -134,6 +134,11 @@ class Settings:
         "Queue size past which a connection counts as lagging (bytes): deltas are "
         "coalesced and progress events dropped.",
     )
+    disconnect_timeout_s: float = _opt(
+        5.0,
+        "When the server ends a connection (slow client, drain, expiry...): how long the "
+        "client has to read its disconnect message and close, after which the socket is cut (s).",
+    )
     hub_linger_s: float = _opt(
         5.0, "How long a gateway keeps following a run or session nobody watches (s)."
     )

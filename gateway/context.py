@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 import msgspec
 from aiohttp import web
@@ -19,6 +20,9 @@ from broker.settings import Settings
 from . import auth
 from .hub import Hub
 from .metrics import GatewayMetrics
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,9 @@ class Gateway:
         self.metrics = metrics
         self.hub = Hub(broker, metrics, settings.hub_linger_s)
         self.draining = False
-        self.connections: set[ClientLike] = set()
+        self.connections: set[Connection] = set()  # each registers itself until CLOSED
+        metrics.subscriptions.set_function(lambda: self.hub.member_count)
+        metrics.send_queue_bytes.set_function(lambda: sum(c.queue.nbytes for c in self.connections))
         self._run_sessions: dict[str, str] = {}
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
         self.own_origins = {
@@ -93,23 +99,15 @@ class Gateway:
     # -- drain
 
     async def drain(self) -> None:
-        """Tell every client to resume elsewhere (code + cursor), then return."""
+        """Tell every client to resume elsewhere (code + cursor), then return
+        (each connection's end is bounded by disconnect_timeout_s)."""
         self.draining = True
         conns = list(self.connections)
         if conns:
-            await asyncio.gather(
-                *(c.server_disconnect("server_draining") for c in conns), return_exceptions=True
-            )
+            await asyncio.gather(*(c.close("server_draining") for c in conns))
 
     async def close(self) -> None:
         await self.hub.close()
-
-
-class ClientLike:
-    """What the gateway needs of an open client (WebSocket or SSE)."""
-
-    async def server_disconnect(self, code: str) -> None:
-        raise NotImplementedError
 
 
 def json_response(data: object, status: int = 200) -> web.Response:

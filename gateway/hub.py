@@ -142,10 +142,10 @@ class Member:
             pass
         except errors.RunlogError as e:
             log.warning("catch-up of %s failed: %s", self.topic.key, e.code)
-            self.conn.abort("storage_unavailable")
+            self.conn.close("storage_unavailable")
         except Exception:
             log.exception("catch-up of %s failed", self.topic.key)
-            self.conn.abort("internal")
+            self.conn.close("internal")
 
     def close(self) -> None:
         self.closed = True
@@ -207,11 +207,11 @@ class Topic:
             # their clients resume (elsewhere or later) from their cursors.
             log.warning("topic %s stopped: %s", self.key, e.code)
             for m in list(self.members):
-                m.conn.abort("storage_unavailable")
+                m.conn.close("storage_unavailable")
         except Exception:
             log.exception("topic %s stopped", self.key)
             for m in list(self.members):
-                m.conn.abort("internal")
+                m.conn.close("internal")
         finally:
             self.closed = True
             self.hub._forget(self)
@@ -256,6 +256,7 @@ class Hub:
         self.linger_s = linger_s
         self._topics: dict[str, Topic] = {}
         self._starting: dict[str, asyncio.Future[Topic]] = {}
+        self.member_count = 0  # members joined and not yet left, over all topics
 
     async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
         """Follow a run or session for `conn` from cursor `after`."""
@@ -271,6 +272,7 @@ class Hub:
         member = Member(topic, conn, after, mode)
         member.head = head
         topic.add(member)
+        self.member_count += 1
         member.start()
         return member
 
@@ -280,8 +282,12 @@ class Hub:
         return head
 
     def leave(self, member: Member) -> None:
+        """Stop feeding `member` (any number of calls: the first counts)."""
+        if member.closed:
+            return
         member.close()
         member.topic.remove(member)
+        self.member_count -= 1
 
     async def _topic(self, kind: str, ident: str) -> Topic:
         key = f"{kind}:{ident}"

@@ -48,6 +48,17 @@ class GatewayMetrics:
         self.topics = Gauge(
             "runlog_gateway_topics", "Runs and sessions this gateway follows.", registry=registry
         )
+        # Read when scraped (set_function): nothing on the hot path.
+        self.subscriptions = Gauge(
+            "runlog_gateway_subscriptions",
+            "Client subscriptions the hub feeds (WebSocket subscriptions and SSE streams).",
+            registry=registry,
+        )
+        self.send_queue_bytes = Gauge(
+            "runlog_gateway_send_queue_bytes",
+            "Bytes queued for clients or being written to their sockets, over all connections.",
+            registry=registry,
+        )
         self.replayed = Counter(
             "runlog_gateway_replayed_events_total",
             "Events sent from PostgreSQL to catch a subscriber up.",

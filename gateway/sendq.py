@@ -9,8 +9,14 @@ Contract:
   text/reasoning/tool-args deltas of one message are merged into one event
   (which covers positions first..last), and progress events are dropped.
 - Above `max_bytes`, `put_*` returns False: the caller disconnects the client
-  with its cursor. Memory per connection therefore never exceeds about
-  `max_bytes` plus one batch, whatever the client does.
+  with its cursor. Bytes count until the socket has taken them (the writer
+  reports them `written` once the transport drained), so memory per
+  connection never exceeds about `max_bytes` plus one batch, whatever the
+  client does.
+- WebSocket items are wire frames (header included), SSE items text: the
+  writer hands them to the transport as they are.
+- Once `close()`d, the queue refuses everything (the connection is ending):
+  `put_*` keep nothing, waiters wake, and nothing is queued again.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .frames import EncodedBatch, sse_frame, ws_event_frame, ws_events_frame
+from .frames import EncodedBatch, sse_frame, ws_event_frame, ws_events_frame, ws_wire
 
 Mode = Literal["ws", "ws_batch", "sse"]
 
@@ -63,17 +69,18 @@ class Item:
         self.payloads = payloads  # a batch frame still open to more events
 
     def render(self) -> bytes:
+        """The bytes for the transport: a wire frame (WebSocket) or text (SSE)."""
         if self.data is not None:
             return self.data
         if self.payloads is not None:
             assert self.topic is not None
-            return ws_events_frame(self.topic, self.first, self.payloads)
+            return ws_wire(ws_events_frame(self.topic, self.first, self.payloads))
         assert self.event is not None and self.topic is not None
         payload = _encode(self.event)
         from_pos = self.first if self.first != self.last else None
         if self.mode == "sse":
             return sse_frame(self.last, payload)
-        return ws_event_frame(self.topic, self.last, payload, from_pos)
+        return ws_wire(ws_event_frame(self.topic, self.last, payload, from_pos))
 
 
 class SendQueue:
@@ -90,21 +97,26 @@ class SendQueue:
         self.on_ready: Callable[[], None] | None = None  # called when items arrive
         self.coalesced = 0
         self.dropped = 0
+        self.closed = False
 
     @property
     def lagging(self) -> bool:
         return self.nbytes > self.lag_bytes
 
     def put_message(self, data: bytes) -> None:
-        """A control message (hello, ack, error...): small, never refused."""
-        self._append(Item(data, None, 0, len(data)))
+        """A control message (hello, ack, error...; as wire bytes): small,
+        never refused while the queue is open."""
+        if not self.closed:
+            self._append(Item(data, None, 0, len(data)))
 
     def put_events(self, mode: Mode, batch: EncodedBatch, start: int) -> bool:
         """Queue `batch.items[start:]`; False if that overflows the bound."""
+        if self.closed:
+            return True  # the connection is ending: nothing more goes out
         if self.lagging:
             self._put_lagging(mode, batch, start)
         elif mode == "ws":
-            frames = batch.ws_single()
+            frames = batch.ws_single_wire()
             for i in range(start, len(frames)):
                 f = frames[i]
                 self._append(Item(f, batch.topic, batch.first + i, len(f)))
@@ -145,7 +157,7 @@ class SendQueue:
             spec = _MERGEABLE.get(e.type)
             if spec is None:
                 data = sse_frame(pos, e.payload) if mode == "sse" else (
-                    ws_event_frame(batch.topic, pos, e.payload)
+                    ws_wire(ws_event_frame(batch.topic, pos, e.payload))
                 )  # fmt: skip
                 self._append(Item(data, batch.topic, pos, len(data)))
                 continue
@@ -179,22 +191,24 @@ class SendQueue:
         elif self.on_ready is not None:
             self.on_ready()
 
-    async def wait_ready(self) -> None:
-        """Wait until something is queued."""
-        while not self._items:
+    async def next_items(self) -> list[Item]:
+        """For the writer: everything queued, waiting until there is some;
+        empty once the queue is closed. Report them `written` when the
+        transport has taken them."""
+        while not self._items and not self.closed:
             self._ready = asyncio.get_running_loop().create_future()
             try:
                 await self._ready
             finally:
                 self._ready = None
+        return self.take()
 
     def take(self) -> list[Item]:
-        """Everything queued, for the writer; call `written` after each item."""
         items, self._items = self._items, []
         return items
 
-    def written(self, item: Item) -> None:
-        self.nbytes -= item.nbytes
+    def written(self, items: list[Item]) -> None:
+        self.nbytes -= sum(it.nbytes for it in items)
         self._wake_progress()
 
     def _wake_progress(self) -> None:
@@ -204,14 +218,27 @@ class SendQueue:
                 fut.set_result(None)
 
     async def wait_below(self, nbytes: int) -> None:
-        """Wait until at most `nbytes` are queued or being written. Several
-        tasks may wait at once (e.g. the catch-ups of two subscriptions)."""
+        """Wait until at most `nbytes` are queued or being written, or the
+        queue is discarded. Several tasks may wait at once (e.g. the
+        catch-ups of two subscriptions)."""
         while self.nbytes > nbytes:
             fut = asyncio.get_running_loop().create_future()
             self._progress.append(fut)
             await fut
 
-    def clear(self) -> None:
+    def close(self, *, drop: bool) -> None:
+        """Refuse everything from now on; with `drop`, forget what is queued
+        (bytes being written still count until `written`)."""
+        self.closed = True
+        if drop:
+            self.nbytes -= sum(it.nbytes for it in self._items)
+            self._items = []
+        self._wake_progress()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    def discard(self) -> None:
+        """The connection is closed: nothing of it is held any more."""
         self._items = []
         self.nbytes = 0
         self._wake_progress()

@@ -6,7 +6,9 @@ quiet for `sse_heartbeat_s`, `X-Accel-Buffering: no`, no compression. The
 cursor comes from `Last-Event-ID` or `?after=` (the larger wins, so a
 reconnecting EventSource never goes backwards). A run's stream ends after
 `run_end`; asking for a stream of an ended run from its end gets 204, which
-tells EventSource not to reconnect.
+tells EventSource not to reconnect. A stream the server ends early (slow
+client, drain, storage) ends with `event: disconnect` carrying the code and
+the cursor of the last event written, and the connection is closed.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from aiohttp import web
 
 from broker import errors
 
-from .connection import Connection
-from .context import ClientLike, Gateway
+from . import _aio
+from .connection import Connection, State
+from .context import Gateway
 from .disconnect import CODES
 from .frames import message
-from .hub import Member
-from .sendq import Item, SendQueue
+from .sendq import Item
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -33,70 +35,66 @@ SSE_HEADERS = {
 }
 
 
-class SseClient(Connection, ClientLike):
+class SseClient(Connection):
     kind = "sse"
 
-    def __init__(self, gw: Gateway, resp: web.StreamResponse, user: str) -> None:
-        s = gw.settings
-        super().__init__(
-            user, "sse", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics
-        )
-        self.gw = gw
+    def __init__(
+        self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str
+    ) -> None:
+        super().__init__(gw, user, "sse")
+        self.request = request
         self.resp = resp
-        self.member: Member | None = None
-        self._done = asyncio.Event()
-        self.disconnect_code: str | None = None
+        self._key = ""
+        self._ended = False  # the run's end was queued
+        self._closing = asyncio.Event()
         self._last_write = asyncio.get_running_loop().time()
 
-    async def write_frames(self, frames: list[bytes]) -> None:
-        await self.resp.write(b"".join(frames))
+    def transport(self) -> asyncio.Transport | None:
+        return _aio.transport_of(self.request)
+
+    async def send(self, items: list[Item]) -> None:
+        for it in items:
+            if it.topic is not None:
+                self.sent[it.topic] = it.last  # resp.write hands it over before it waits
+        await self.resp.write(b"".join(it.render() for it in items))
         self._last_write = asyncio.get_running_loop().time()
 
-    def abort(self, code: str) -> None:
-        self.disconnect_code = code
-        self._done.set()
+    def after_written(self) -> None:
+        member = self.members.get(self._key)
+        if member is not None and member.ended and self.queue.nbytes == 0:
+            self.close(None)  # the run's end is out: finish now
 
-    async def _write_items(self, items: list[Item]) -> None:
-        await super()._write_items(items)
-        if self.member is not None and self.member.ended and self.queue.nbytes == 0:
-            self._done.set()  # the run's end is out: finish now, not at the next check
+    def close(self, code: str | None) -> asyncio.Future[None]:
+        self._closing.set()
+        return super().close(code)
 
-    async def server_disconnect(self, code: str) -> None:
-        self.disconnect_code = code
-        self._done.set()
+    async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
+        if code is not None:
+            d = CODES[code]
+            self.resp.force_close()  # the client reconnects with a new request
+            data = message("disconnect", code=code, reconnect=d.reconnect,
+                           cursor=cursors.get(self._key, 0))  # fmt: skip
+            await self.resp.write(b"event: disconnect\ndata: " + data + b"\n\n")
+        await self.resp.write_eof()
+        if code is None:
+            self.spare_transport()  # a clean end: the connection may serve another request
 
-    def cursor(self) -> int:
-        assert self.member is not None
-        return self.sent.get(self.member.topic.key, self.member.after)
-
-    async def serve(self) -> None:
-        """Until the run ends, the client leaves, or the server disconnects it."""
+    async def serve(self, key: str) -> None:
+        """Until the run ends, the client leaves, or the server ends the stream."""
+        self._key = key
         s = self.gw.settings
         loop = asyncio.get_running_loop()
-        assert self.member is not None
-        while not self._done.is_set():
+        while self.state is State.OPEN:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._done.wait(), timeout=min(1.0, s.sse_heartbeat_s))
-            if self._writer is not None and self._writer.done():
-                return  # the client went away (a write failed)
-            transport = self.resp._req.transport if self.resp._req else None
-            if transport is None or transport.is_closing():
-                return
-            if self.member.ended and self.queue.nbytes == 0:
-                return
-            if loop.time() - self._last_write >= s.sse_heartbeat_s and self.queue.nbytes == 0:
+                await asyncio.wait_for(self._closing.wait(), timeout=min(1.0, s.sse_heartbeat_s))
+            if self.state is not State.OPEN:
+                break
+            t = self.transport()
+            if t is None or t.is_closing():
+                self.close(None)  # the client went away
+            elif loop.time() - self._last_write >= s.sse_heartbeat_s and self.queue.nbytes == 0:
                 self.queue.put_message(b": hb\n\n")
-        code = self.disconnect_code
-        if code is not None:
-            if code != "slow_consumer":
-                await self.flush(2.0)
-            self.queue.clear()
-            await self.stop_writer()
-            d = CODES[code]
-            data = message("disconnect", code=code, reconnect=d.reconnect, cursor=self.cursor())
-            with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
-                async with asyncio.timeout(2.0):  # a client that does not read
-                    await self.resp.write(b"event: disconnect\ndata: " + data + b"\n\n")
+        await self.close(None)  # waits for whichever teardown began
 
 
 def cursor_from(request: web.Request) -> int:
@@ -116,7 +114,7 @@ async def stream(
     request: web.Request, gw: Gateway, user: str, kind: str, ident: str, after: int
 ) -> web.StreamResponse:
     if gw.draining:
-        raise errors.StorageError("this gateway is draining", hint="connect to another gateway")
+        raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
     head, ended = await gw.broker.store.stream_head(
         kind == "run", ident, retry_s=gw.settings.db_retry_s
     )
@@ -129,28 +127,19 @@ async def stream(
             hint="resume from a cursor this stream gave you",
         )
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    client = SseClient(gw, resp, user)
     await resp.prepare(request)
     await resp.write(b"retry: 1000\n: connected\n\n")
-    client.member = await gw.hub.join(client, kind, ident, after, "sse")
+    client = SseClient(gw, request, resp, user)
+    key = f"{kind}:{ident}"
     try:
-        gw.connections.add(client)
-        gw.metrics.connections.labels("sse").inc()
         try:
-            await client.serve()
-        finally:
-            gw.connections.discard(client)
-            gw.metrics.connections.labels("sse").dec()
-        if client.queue.nbytes:
-            await client.flush(2.0)
+            member = await gw.hub.join(client, kind, ident, after, "sse")
+        except errors.RunlogError as e:
+            # The stream has begun: the reason goes in it, not in a status.
+            await client.close("storage_unavailable" if e.retryable else "internal")
+            return resp
+        if client.attach(key, member):
+            await client.serve(key)
     finally:
-        gw.hub.leave(client.member)
-        await client.stop_writer()
-    try:
-        # A client that stopped reading never drains the end of the stream.
-        async with asyncio.timeout(2.0):
-            await resp.write_eof()
-    except (TimeoutError, ConnectionError, RuntimeError):
-        if request.transport is not None:
-            request.transport.abort()
+        await client.close(None)
     return resp

@@ -9,7 +9,6 @@ them in order with the events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -17,13 +16,12 @@ from aiohttp import WSMsgType, web
 
 from broker import errors
 
-from . import auth, protocol
-from .connection import Connection
-from .context import GATEWAY, ClientLike, Gateway
+from . import _aio, auth, protocol
+from .connection import Connection, State
+from .context import GATEWAY, Gateway
 from .disconnect import CODES
 from .frames import message, ws_wire
-from .hub import Member
-from .sendq import SendQueue
+from .sendq import Item
 
 log = logging.getLogger(__name__)
 
@@ -55,38 +53,36 @@ class _Bucket:
         return False
 
 
-class WsClient(Connection, ClientLike):
+class WsClient(Connection):
     kind = "ws"
 
-    def __init__(
-        self, gw: Gateway, ws: web.WebSocketResponse, transport: asyncio.Transport | None
-    ) -> None:
-        s = gw.settings
-        super().__init__(
-            "", "ws", SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes), gw.metrics
-        )
-        self.gw = gw
+    def __init__(self, gw: Gateway, ws: web.WebSocketResponse, request: web.Request) -> None:
+        _aio.check_uncompressed(ws)
+        super().__init__(gw, "", "ws")
         self.ws = ws
-        self.transport = transport
-        self.members: dict[str, Member] = {}
+        self.request = request
+        self._transport = _aio.transport_of(request)
         self.principal: auth.Principal | None = None
-        self._closing_task = False
         self._expiry: asyncio.TimerHandle | None = None
-        self._disconnect_task: asyncio.Task[None] | None = None
 
-    async def write_frames(self, frames: list[bytes]) -> None:
-        for f in frames:
-            await self.ws.send_frame(f, WSMsgType.TEXT)
+    def transport(self) -> asyncio.Transport | None:
+        return self._transport
+
+    def _writable(self) -> asyncio.Transport | None:
+        """The transport, if data frames may still go out: not once our
+        teardown began, nor once aiohttp closes the WebSocket (a client's
+        close frame is answered inside `receive`), so nothing ever follows
+        a close frame."""
+        t = self._transport
+        if self.ws.closed or t is None or t.is_closing():
+            return None
+        return t
 
     def write_now(self, frames: list[bytes], topic: str | None, last: int) -> bool:
-        t = self.transport
-        if (
-            self.queue.nbytes
-            or self._closing_task
-            or t is None
-            or t.is_closing()
-            or t.get_write_buffer_size() > _DIRECT_WRITE_MAX_BYTES
-        ):
+        if self.state is not State.OPEN or self.queue.nbytes:
+            return False
+        t = self._writable()
+        if t is None or t.get_write_buffer_size() > _DIRECT_WRITE_MAX_BYTES:
             return False
         if len(frames) == 1:
             t.write(frames[0])
@@ -97,47 +93,45 @@ class WsClient(Connection, ClientLike):
         self.metrics.frames_sent["ws"] += len(frames)
         return True
 
-    def abort(self, code: str) -> None:
-        self._disconnect_task = asyncio.get_running_loop().create_task(self.server_disconnect(code))
+    async def send(self, items: list[Item]) -> None:
+        t = self._writable()
+        if t is None:
+            raise ConnectionResetError("the WebSocket is closing")
+        t.writelines([it.render() for it in items])
+        for it in items:
+            if it.topic is not None:
+                self.sent[it.topic] = it.last
+        await _aio.drained(self.request)
+
+    async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        if self.ws.closed:
+            return  # aiohttp closed it (the client's close frame, a lost heartbeat)
+        if code is None:
+            await self.ws.close(drain=False)
+            return
+        d = CODES[code]
+        t = self._writable()
+        if t is not None:
+            # After what was written, before the close frame; written straight
+            # to the transport, so a socket that is full cannot hold it back.
+            t.write(ws_wire(message(
+                "disconnect", code=code, reconnect=d.reconnect, message=d.meaning,
+                cursors=cursors,
+            )))  # fmt: skip
+        # Sends the close frame and waits (at most the WebSocket's timeout)
+        # for the client's; a client that never reads is cut by the timer.
+        await self.ws.close(code=d.close_code, message=code.encode(), drain=False)
 
     def reply(self, type_: str, **fields: object) -> None:
-        data = message(type_, **fields)
-        if not self.write_now([ws_wire(data)], None, 0):
+        data = ws_wire(message(type_, **fields))
+        if not self.write_now([data], None, 0):
             self.queue.put_message(data)
 
     def error(self, e: errors.RunlogError, ref: str = "") -> None:
         self.gw.metrics.ws_errors.labels(e.code).inc()
         self.reply("error", ref=ref, **e.to_dict())
-
-    def cursors(self) -> dict[str, int]:
-        """Per topic, the cursor to resume from: the last event written to the
-        socket (queued-but-unsent ones are not the client's yet)."""
-        return {key: self.sent.get(key, m.after) for key, m in self.members.items()}
-
-    async def server_disconnect(self, code: str) -> None:
-        """Send the reason and cursors, then close (bounded in time)."""
-        if self._closing_task:
-            return
-        self._closing_task = True
-        d = CODES[code]
-        if code != "slow_consumer":
-            await self.flush(2.0)  # let queued events out first
-        # A slow client's queue is full: drop it, it resumes from its cursor.
-        self.queue.clear()
-        await self.stop_writer()
-        payload = message(
-            "disconnect", code=code, reconnect=d.reconnect, message=d.meaning,
-            cursors=self.cursors(),
-        )  # fmt: skip
-        try:
-            async with asyncio.timeout(2.0):
-                await self.ws.send_frame(payload, WSMsgType.TEXT)
-                await self.ws.close(code=d.close_code, message=code.encode())
-        except (TimeoutError, ConnectionError, RuntimeError):
-            pass
-        # A client that does not read never completes the close handshake.
-        if not self.ws.closed and self.ws._writer is not None:
-            self.ws._writer.transport.abort()
 
     # -- messages
 
@@ -156,10 +150,7 @@ class WsClient(Connection, ClientLike):
                 await self.subscribe(msg)
             case protocol.Unsubscribe():
                 kind, ident = protocol.topic_of(msg)
-                m = self.members.pop(f"{kind}:{ident}", None)
-                self.sent.pop(f"{kind}:{ident}", None)
-                if m is not None:
-                    self.gw.hub.leave(m)
+                self.detach(f"{kind}:{ident}")
                 self.reply("unsubscribed", ref=msg.ref, topic=f"{kind}:{ident}")
             case protocol.InterruptMsg():
                 sid = await self.gw.run_session(msg.run_id)
@@ -185,7 +176,7 @@ class WsClient(Connection, ClientLike):
         self._expiry = loop.call_later(delay, self._expire)
 
     def _expire(self) -> None:
-        self.abort("token_expired")
+        self.close("token_expired")
 
     async def subscribe(self, msg: protocol.Subscribe) -> None:
         kind, ident = protocol.topic_of(msg)
@@ -200,24 +191,18 @@ class WsClient(Connection, ClientLike):
         mode = "ws_batch" if msg.batch else "ws"
         self.sent.pop(key, None)  # a cursor from an earlier subscription is not this one's
         member = await self.gw.hub.join(self, kind, ident, msg.after, mode)  # type: ignore[arg-type]
-        self.members[key] = member
+        if not self.attach(key, member):
+            return  # the connection is ending
         # No await since join() started the member, whose first event can only
         # go out after this handler yields: the confirmation comes first.
         self.reply("subscribed", ref=msg.ref, topic=key, cursor=msg.after, head=member.head)
-
-    def close_members(self) -> None:
-        for m in self.members.values():
-            self.gw.hub.leave(m)
-        self.members.clear()
-        if self._expiry is not None:
-            self._expiry.cancel()
 
 
 async def handle_ws(request: web.Request) -> web.StreamResponse:
     gw: Gateway = request.app[GATEWAY]
     s = gw.settings
     if gw.draining:
-        raise errors.StorageError("this gateway is draining", hint="connect to another gateway")
+        raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
     if not auth.origin_allowed(s, request.headers.get("Origin"), gw.own_origins):
         gw.metrics.ws_errors.labels("origin_not_allowed").inc()
         raise errors.Forbidden("Origin not allowed")
@@ -235,12 +220,11 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
         protocols=(protocol.SUBPROTOCOL,),
         heartbeat=s.ws_heartbeat_s,
         max_msg_size=s.max_message_bytes * _HARD_LIMIT_FACTOR,
-        compress=False,
+        compress=False,  # frames are pre-built, uncompressed (see _aio.py)
+        timeout=s.disconnect_timeout_s,  # how long close() waits for the client's close
     )
     await ws.prepare(request)
-    client = WsClient(gw, ws, request.transport)
-    gw.connections.add(client)
-    gw.metrics.connections.labels("ws").inc()
+    client = WsClient(gw, ws, request)
     try:
         if principal is not None and token is not None:
             client.authenticate(token)
@@ -250,10 +234,9 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
         )  # fmt: skip
         await _read_loop(gw, client, ws)
     finally:
-        client.close_members()
-        await client.stop_writer()
-        gw.connections.discard(client)
-        gw.metrics.connections.labels("ws").dec()
+        # Started here if the client left; else this waits for the teardown
+        # a server-side reason started (it woke the read loop).
+        await client.close(None)
     return ws
 
 
@@ -262,17 +245,17 @@ async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -
     bucket = _Bucket(s.control_rate_per_s)
     strikes = 0
     auth_deadline = time.monotonic() + s.ws_auth_timeout_s
-    while not ws.closed:
+    while not ws.closed and client.state is State.OPEN:
         timeout = None if client.principal else max(0.0, auth_deadline - time.monotonic())
         try:
             msg = await ws.receive(timeout=timeout)
         except TimeoutError:
-            await client.server_disconnect("auth_timeout")
+            await client.close("auth_timeout")
             return
         if msg.type == WSMsgType.TEXT:
             if not bucket.take():
                 if bucket.tokens < -4 * bucket.capacity:
-                    await client.server_disconnect("rate_limited")
+                    await client.close("rate_limited")
                     return
                 bucket.tokens -= 1  # debt: a flood runs the bucket negative
                 client.error(errors.ClientError("too many messages; slow down"), "")
@@ -284,7 +267,7 @@ async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -
                 client.error(e, protocol.peek(msg.data)[1])
                 strikes += 1
                 if strikes >= _MAX_STRIKES:
-                    await client.server_disconnect("protocol_error")
+                    await client.close("protocol_error")
                     return
             except errors.RunlogError as e:
                 client.error(e, protocol.peek(msg.data)[1])
@@ -295,9 +278,7 @@ async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -
             client.error(protocol.InvalidMessage("binary frames are not accepted; send JSON text"))
             strikes += 1
             if strikes >= _MAX_STRIKES:
-                await client.server_disconnect("protocol_error")
+                await client.close("protocol_error")
                 return
         elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
             return
-    with contextlib.suppress(Exception):
-        await ws.close()

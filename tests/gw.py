@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,7 +18,7 @@ from broker.log import RunWriter
 from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import auth
-from gateway.app import build_app
+from gateway.app import REGISTRY, build_app
 
 
 @dataclasses.dataclass
@@ -31,6 +31,14 @@ class RunningGateway:
     @property
     def ws_url(self) -> str:
         return self.url.replace("http://", "ws://") + "/v1/ws"
+
+    @property
+    def port(self) -> int:
+        return self.settings.gateway_port
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """A metric's current value, read through the gateway's registry."""
+        return self.app[REGISTRY].get_sample_value(name, labels or {})
 
     def token(self, user: str, ttl_s: float | None = None) -> str:
         return auth.mint(self.settings, user, ttl_s)
@@ -179,3 +187,12 @@ async def ws_connect(http: aiohttp.ClientSession, gw: RunningGateway, user: str,
         hello = await c.next_reply()
         assert hello["type"] == "hello"
         yield c
+
+
+async def eventually(pred: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
+    """Wait until `pred()` holds (polled); fail with `what` after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.02)

@@ -6,8 +6,8 @@ import json
 
 from broker import events
 from broker.store import StoredEvent
-from gateway.frames import EncodedBatch
-from gateway.sendq import SendQueue
+from gateway.frames import EncodedBatch, ws_wire
+from gateway.sendq import Item, SendQueue
 
 
 def stored(seq: int, ev: events.Event, run_id: str = "r_1") -> StoredEvent:
@@ -21,8 +21,14 @@ def batch(*evs: events.Event, first: int = 1) -> EncodedBatch:
     return EncodedBatch("run:r_1", [stored(first + i, e) for i, e in enumerate(evs)], True)
 
 
+def unwire(frame: bytes) -> bytes:
+    """The payload of a server WebSocket frame (what WebSocket items are)."""
+    n = frame[1] & 0x7F
+    return frame[{126: 4, 127: 10}.get(n, 2) :]
+
+
 def frames(q: SendQueue) -> list[dict]:
-    return [json.loads(it.render()) for it in q.take()]
+    return [json.loads(unwire(it.render())) for it in q.take()]
 
 
 def test_shared_frames_when_keeping_up() -> None:
@@ -31,7 +37,7 @@ def test_shared_frames_when_keeping_up() -> None:
     assert q.put_events("ws", b, 0)
     out = frames(q)
     assert [f["cursor"] for f in out] == [1, 2] and out[1]["event"]["type"] == "progress"
-    assert b.ws_single()[0] is b.ws_single()[0]  # encoded once, shared
+    assert b.ws_single_wire()[0] is b.ws_single_wire()[0]  # encoded once, shared
     assert q.put_events("ws_batch", b, 1)
     (f,) = frames(q)
     assert f["type"] == "events" and f["cursor"] == 2 and len(f["events"]) == 1
@@ -39,7 +45,7 @@ def test_shared_frames_when_keeping_up() -> None:
 
 def test_lagging_merges_deltas_and_drops_progress() -> None:
     q = SendQueue(max_bytes=1_000_000, lag_bytes=10)
-    q.put_message(b'{"type":"pad","x":"xxxxxxxxxxxxxxxx"}')  # now lagging
+    q.put_message(ws_wire(b'{"type":"pad","x":"xxxxxxxxxxxxxxxx"}'))  # now lagging
     b = batch(
         events.TextDelta(message_id="m", delta="Hel"),
         events.TextDelta(message_id="m", delta="lo"),
@@ -74,8 +80,7 @@ def test_bound_is_reported_and_written_bytes_are_released() -> None:
     big = events.TextDelta(message_id="m", delta="y" * 300)
     assert q.put_events("ws", batch(big), 0)
     assert not q.put_events("ws", batch(big, first=2), 0)  # past the bound
-    for it in q.take():
-        q.written(it)
+    q.written(q.take())
     assert q.nbytes == 0
 
 
@@ -92,15 +97,14 @@ async def test_several_tasks_can_wait_for_the_queue_to_drain() -> None:
 
     tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
     await asyncio.sleep(0)
-    for it in q.take():
-        q.written(it)
+    q.written(q.take())
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert sorted(woken) == [0, 1, 2]
 
 
 def test_coalescing_never_merges_deltas_of_different_runs() -> None:
     q = SendQueue(max_bytes=1_000_000, lag_bytes=0)
-    q.put_message(b'{"type":"pad"}')
+    q.put_message(ws_wire(b'{"type":"pad"}'))
     items = [
         stored(1, events.ToolArgsDelta(tool_call_id="call_1_0", partial_json='{"a"'), "r_a"),
         stored(2, events.ToolArgsDelta(tool_call_id="call_1_0", partial_json='{"b"'), "r_b"),
@@ -111,28 +115,44 @@ def test_coalescing_never_merges_deltas_of_different_runs() -> None:
 
 
 async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> None:
+    import dataclasses
+
     from prometheus_client import CollectorRegistry
 
+    from broker.settings import Settings
     from gateway.connection import Connection
     from gateway.metrics import GatewayMetrics
 
     written: list[bytes] = []
 
+    @dataclasses.dataclass
+    class Host:  # what a Connection uses of its gateway
+        settings: Settings
+        metrics: GatewayMetrics
+        connections: set[Connection]
+
     class Capture(Connection):
         kind = "ws"
 
-        async def write_frames(self, frames: list[bytes]) -> None:
-            written.extend(frames)
+        async def send(self, items: list[Item]) -> None:
+            written.extend(it.render() for it in items)
 
-    metrics = GatewayMetrics(CollectorRegistry())
-    conn = Capture("u", "ws", SendQueue(max_bytes=1_000_000, lag_bytes=0), metrics)
-    conn.queue.put_message(b'{"type":"pad"}')
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    host = Host(Settings.from_env({}, send_queue_lag_bytes=0), metrics, set())
+    conn = Capture(host, "u", "ws")  # type: ignore[arg-type]
+    conn.queue.put_message(ws_wire(b'{"type":"pad"}'))
     conn.queue.put_events("ws", batch(
         events.TextDelta(message_id="m", delta="a"),
         events.TextDelta(message_id="m", delta="b"),
         events.Progress(label="p"),
     ), 0)  # fmt: skip
-    await conn._write_items(conn.queue.take())
+    items = conn.queue.take()
+    await conn.send(items)
+    conn.queue.written(items)
+    conn._count(items)
     assert len(written) == 2
-    assert metrics.coalesced._value.get() == 1 and metrics.dropped._value.get() == 1
+    assert registry.get_sample_value("runlog_gateway_coalesced_events_total") == 1
+    assert registry.get_sample_value("runlog_gateway_dropped_progress_events_total") == 1
     assert metrics.frames_sent["ws"] == 2 and conn.queue.nbytes == 0
+    assert conn in host.connections  # registered until its teardown ends
