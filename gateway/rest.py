@@ -12,6 +12,7 @@ import msgspec
 from aiohttp import web
 
 from broker import errors
+from broker.store import StoredEvent
 
 from . import auth, sse
 from .context import GATEWAY, Gateway, json_response
@@ -202,6 +203,8 @@ async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResp
     head, ended = await store.stream_head(by_run, ident, retry_s=retry_s)
     if after > head:
         raise errors.InvalidCursor(f"cursor {after} is past the head ({head})")
+    page = _up_to_hole(page, by_run)
+    first = (page[0].seq if by_run else page[0].cursor) if page else after
     last = (page[-1].seq if by_run else page[-1].cursor) if page else after
     # The stored JSON goes out as it is: no decode, no re-encode.
     body = b"".join(
@@ -209,7 +212,7 @@ async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResp
             b'{"events":[',
             b",".join(e.payload for e in page),
             b'],"cursor":',
-            str(after + 1 if page else after).encode(),
+            str(first).encode(),
             b',"next_after":',
             str(last).encode(),
             b',"head":',
@@ -220,6 +223,17 @@ async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResp
         )
     )
     return web.Response(body=body, content_type="application/json")
+
+
+def _up_to_hole(page: list[StoredEvent], by_run: bool) -> list[StoredEvent]:
+    """The page up to its first hole, so that event i has cursor `cursor + i`
+    (a session's cursors have holes where pruned runs were; a run's never)."""
+    if by_run or len(page) < 2 or page[-1].cursor - page[0].cursor == len(page) - 1:
+        return page
+    for i in range(1, len(page)):
+        if page[i].cursor != page[i - 1].cursor + 1:
+            return page[:i]
+    return page
 
 
 async def interrupt(request: web.Request) -> web.Response:
