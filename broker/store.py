@@ -7,19 +7,27 @@ Contract of the reads: a page returns committed events only, in position
 order (`seq` for a run, `cursor` for a session), strictly after the given
 position. Positions are contiguous, so a page that is shorter than asked
 means the caller has reached the head as of that read.
+
+Contract of failures: no method lets a connection error out raw. A read is
+retried while PostgreSQL is unreachable (for `db_retry_s`), a write is tried
+once (whether it took effect is unknown, so repeating it is the caller's
+call); then it raises `errors.StorageError` (`storage_unavailable`,
+retryable), which is itself in `TRANSIENT_DB_ERRORS` for callers that retry.
+Methods say which they are with `@_reads` / `@_writes`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple, TypeVar
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import asyncpg
 import msgspec
 
-from . import errors, ids
+from . import approvals, errors, ids
 from .settings import Settings
 
 ROLES = ("owner", "approver", "viewer")
@@ -34,9 +42,17 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.OperatorInterventionError,
     # Raised by asyncpg when the connection broke in the middle of an operation.
     asyncpg.InternalClientError,
+    # What the store's methods raise for the above (see the module's contract).
+    errors.StorageError,
 )
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def unavailable(what: str) -> errors.StorageError:
+    """The coded error for a transient failure during `what` (raise it from that)."""
+    return errors.StorageError(f"PostgreSQL unavailable during {what}")
 
 
 async def retry_transient(
@@ -50,9 +66,47 @@ async def retry_transient(
             return await call()
         except TRANSIENT_DB_ERRORS as e:
             if time.monotonic() > deadline:
-                raise errors.StorageError(f"PostgreSQL unavailable during {what}") from e
+                if isinstance(e, errors.StorageError):
+                    raise
+                raise unavailable(what) from e
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
+
+
+_Method = Callable[Concatenate["Store", P], Awaitable[T]]
+
+
+def _reads(what: str) -> Callable[[_Method[P, T]], _Method[P, T]]:
+    """A method that only reads: retried for `db_retry_s`, then StorageError."""
+
+    def wrap(fn: _Method[P, T]) -> _Method[P, T]:
+        @functools.wraps(fn)
+        async def method(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            return await retry_transient(
+                lambda: fn(self, *args, **kwargs), for_s=self.settings.db_retry_s, what=what
+            )
+
+        return method
+
+    return wrap
+
+
+def _writes(what: str) -> Callable[[_Method[P, T]], _Method[P, T]]:
+    """A method that writes: tried once, a transient failure is StorageError."""
+
+    def wrap(fn: _Method[P, T]) -> _Method[P, T]:
+        @functools.wraps(fn)
+        async def method(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return await fn(self, *args, **kwargs)
+            except errors.StorageError:
+                raise
+            except TRANSIENT_DB_ERRORS as e:
+                raise unavailable(what) from e
+
+        return method
+
+    return wrap
 
 
 class StoredEvent(NamedTuple):
@@ -86,7 +140,36 @@ class RunInfo(NamedTuple):
     ended_at_ms: int | None
 
 
+class SessionSummary(NamedTuple):
+    session_id: str
+    title: str
+    role: str  # the member's
+    head: int
+    created_at_ms: int
+
+
+class RunSummary(NamedTuple):
+    run_id: str
+    status: str
+    started_by: str
+    last_seq: int
+
+
+class SessionInfo(NamedTuple):
+    head: int
+    run_policy: str
+    members: list[tuple[str, str]]  # (user_id, role)
+    runs: list[RunSummary]  # newest first
+
+
 _PAGE_COLUMNS = "run_id, seq, cursor, type, payload"
+_RUN_PAGE = (
+    f"SELECT {_PAGE_COLUMNS} FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+)
+_SESSION_PAGE = (
+    f"SELECT {_PAGE_COLUMNS} FROM events WHERE session_id = $1 AND cursor > $2"
+    " ORDER BY cursor LIMIT $3"
+)
 
 
 class Store:
@@ -109,6 +192,7 @@ class Store:
 
     # -- sessions and members
 
+    @_writes("session create")
     async def create_session(self, created_by: str, title: str = "") -> str:
         session_id = ids.session_id()
         async with self.pool.acquire() as conn, conn.transaction():
@@ -126,6 +210,7 @@ class Store:
             )
         return session_id
 
+    @_writes("member add")
     async def add_member(self, session_id: str, user_id: str, role: str, added_by: str) -> None:
         if role not in ROLES:
             raise errors.ClientError(f"role must be one of {', '.join(ROLES)}")
@@ -141,16 +226,65 @@ class Store:
         except asyncpg.ForeignKeyViolationError as e:
             raise errors.SessionNotFound(f"no session {session_id}") from e
 
+    @_reads("role check")
     async def member_role(self, session_id: str, user_id: str) -> str | None:
         role: str | None = await self.pool.fetchval(
             "SELECT role FROM members WHERE session_id = $1 AND user_id = $2", session_id, user_id
         )
         return role
 
+    @_reads("session read")
     async def session_exists(self, session_id: str) -> bool:
         return bool(
             await self.pool.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
         )
+
+    @_reads("sessions read")
+    async def sessions_of(self, user_id: str, limit: int = 100) -> list[SessionSummary]:
+        """The sessions `user_id` is a member of, newest first."""
+        rows = await self.pool.fetch(
+            "SELECT s.session_id, s.title, m.role, s.last_cursor,"
+            " (extract(epoch FROM s.created_at) * 1000)::bigint"
+            " FROM members m JOIN sessions s USING (session_id)"
+            " WHERE m.user_id = $1 ORDER BY s.created_at DESC LIMIT $2",
+            user_id,
+            limit,
+        )
+        return [SessionSummary(*r) for r in rows]
+
+    @_reads("session read")
+    async def session_info(self, session_id: str, runs_limit: int = 100) -> SessionInfo:
+        """A session's head, run policy, members (oldest first) and most recent runs."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT last_cursor, run_policy FROM sessions WHERE session_id = $1", session_id
+            )
+            if row is None:
+                raise errors.SessionNotFound(f"no session {session_id}")
+            members = await conn.fetch(
+                "SELECT user_id, role FROM members WHERE session_id = $1 ORDER BY added_at",
+                session_id,
+            )
+            runs = await conn.fetch(
+                "SELECT run_id, status, started_by, last_seq FROM runs WHERE session_id = $1"
+                " ORDER BY created_at DESC LIMIT $2",
+                session_id,
+                runs_limit,
+            )
+        return SessionInfo(
+            row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs]
+        )
+
+    @_reads("approval read")
+    async def approval(self, approval_id: str) -> approvals.ApprovalInfo:
+        return await approvals.get(self.pool, approval_id)
+
+    async def ping(self, timeout_s: float) -> bool:
+        """Whether PostgreSQL answers within `timeout_s` (no retries: for /readyz)."""
+        try:
+            return bool(await self.pool.fetchval("SELECT true", timeout=timeout_s))
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError):
+            return False
 
     # -- runs
 
@@ -160,6 +294,7 @@ class Store:
         run_id, _ = await self.create_run_checked(session_id, started_by, model=model, input=input)
         return run_id
 
+    @_writes("run create")
     async def create_run_checked(
         self, session_id: str, started_by: str, *, model: str = "", input: str = ""
     ) -> tuple[str, list[str]]:
@@ -200,6 +335,7 @@ class Store:
             )
         return run_id, active
 
+    @_reads("run read")
     async def get_run(self, run_id: str) -> RunInfo:
         row = await self.pool.fetchrow(
             "SELECT run_id, session_id, status, started_by, model, input, owner_id, owner_epoch,"
@@ -212,6 +348,7 @@ class Store:
             raise errors.RunNotFound(f"no run {run_id}")
         return RunInfo(*row)
 
+    @_writes("run claim")
     async def claim_queued(self, run_id: str, owner_id: str, lease_s: float) -> Ownership | None:
         """Take a run that no worker has started yet; None if it was taken already
         (a job delivered twice) or has ended."""
@@ -226,6 +363,7 @@ class Store:
         )
         return Ownership(*row) if row is not None else None
 
+    @_writes("run claim")
     async def claim_expired(self, run_id: str, owner_id: str, lease_s: float) -> Ownership | None:
         """Take over a started run whose owner's lease ran out (fencing the old
         owner); None if the lease was renewed or another worker took it first."""
@@ -241,6 +379,7 @@ class Store:
         )
         return Ownership(*row) if row is not None else None
 
+    @_writes("lease renewal")
     async def renew_lease(self, run_id: str, epoch: int, lease_s: float) -> bool:
         """Extend the owner's lease; False means ownership is lost (stop writing)."""
         done = await self.pool.fetchval(
@@ -252,6 +391,7 @@ class Store:
         )
         return bool(done)
 
+    @_writes("run release")
     async def release(self, run_id: str, epoch: int) -> None:
         """Give a run up at once (drain): its lease ends now, so another worker
         can take it over without waiting."""
@@ -262,6 +402,7 @@ class Store:
             epoch,
         )
 
+    @_writes("checkpoint")
     async def save_checkpoint(
         self, run_id: str, epoch: int, checkpoint: bytes | None, status: str
     ) -> bool:
@@ -276,12 +417,14 @@ class Store:
         )
         return bool(done)
 
+    @_reads("checkpoint read")
     async def load_checkpoint(self, run_id: str) -> bytes | None:
         value: bytes | None = await self.pool.fetchval(
             "SELECT checkpoint FROM runs WHERE run_id = $1", run_id
         )
         return value
 
+    @_reads("expired runs read")
     async def expired_runs(self, limit: int = 100) -> list[str]:
         """Started, unended runs whose owner's lease ran out."""
         rows = await self.pool.fetch(
@@ -291,6 +434,7 @@ class Store:
         )
         return [r[0] for r in rows]
 
+    @_reads("queued runs read")
     async def stale_queued_runs(
         self, older_than_s: float, limit: int = 100
     ) -> list[tuple[str, str]]:
@@ -303,6 +447,7 @@ class Store:
         )
         return [(r[0], r[1]) for r in rows]
 
+    @_reads("active runs read")
     async def earlier_active_runs(self, session_id: str, run_id: str) -> list[str]:
         """Unended runs of the session created before `run_id` (for 'enqueue')."""
         rows = await self.pool.fetch(
@@ -314,6 +459,7 @@ class Store:
         )
         return [r[0] for r in rows]
 
+    @_reads("active runs read")
     async def active_runs(self, session_id: str) -> list[str]:
         rows = await self.pool.fetch(
             "SELECT run_id FROM runs WHERE session_id = $1 AND ended_at IS NULL"
@@ -322,6 +468,7 @@ class Store:
         )
         return [r[0] for r in rows]
 
+    @_reads("run policy read")
     async def session_run_policy(self, session_id: str) -> str:
         value = await self.pool.fetchval(
             "SELECT run_policy FROM sessions WHERE session_id = $1", session_id
@@ -330,6 +477,7 @@ class Store:
             raise errors.SessionNotFound(f"no session {session_id}")
         return str(value)
 
+    @_writes("run policy update")
     async def set_run_policy(self, session_id: str, policy: str) -> None:
         if policy not in ("reject", "enqueue", "interrupt"):
             raise errors.ClientError("run_policy must be reject, enqueue or interrupt")
@@ -337,6 +485,7 @@ class Store:
             "UPDATE sessions SET run_policy = $2 WHERE session_id = $1", session_id, policy
         )
 
+    @_writes("interrupt request")
     async def request_interrupt(self, run_id: str, requested_by: str, reason: str) -> bool:
         """Record a stop request on the run (the first one is kept) and audit every
         request. Returns whether this call was the first; RunEnded if it ended."""
@@ -365,6 +514,7 @@ class Store:
             )  # fmt: skip
             return already_by is None
 
+    @_reads("interrupt read")
     async def interrupt_request(self, run_id: str) -> tuple[str, int, str] | None:
         """(requested_by, requested_at ms, reason) if a stop was requested."""
         row = await self.pool.fetchrow(
@@ -375,6 +525,7 @@ class Store:
         )
         return (row[0], row[1], row[2]) if row is not None else None
 
+    @_writes("audit")
     async def audit(
         self,
         actor: str,
@@ -395,6 +546,7 @@ class Store:
         else:
             await self.pool.execute(sql, *args)
 
+    @_writes("run claim")
     async def claim_run(self, run_id: str, owner_id: str, lease_s: float) -> Ownership:
         """Take ownership of a run: bump its epoch, which fences every earlier
         writer (their next commit appends nothing and fails with StaleEpoch)."""
@@ -414,57 +566,57 @@ class Store:
             raise errors.RunNotFound(f"no run {run_id}")
         return Ownership(*row)
 
-    # -- reads of the log
+    # -- reads of the log: with retries, like every read
 
     async def run_page(self, run_id: str, after: int, limit: int) -> list[StoredEvent]:
-        rows = await self.pool.fetch(
-            f"SELECT {_PAGE_COLUMNS} FROM events WHERE run_id = $1 AND seq > $2"
-            " ORDER BY seq LIMIT $3",
-            run_id,
-            after,
-            limit,
-        )
-        return [StoredEvent(*r) for r in rows]
+        return await self.stream_page(True, run_id, after, limit, retry_s=self.settings.db_retry_s)
 
     async def session_page(self, session_id: str, after: int, limit: int) -> list[StoredEvent]:
-        rows = await self.pool.fetch(
-            f"SELECT {_PAGE_COLUMNS} FROM events WHERE session_id = $1 AND cursor > $2"
-            " ORDER BY cursor LIMIT $3",
-            session_id,
-            after,
-            limit,
+        return await self.stream_page(
+            False, session_id, after, limit, retry_s=self.settings.db_retry_s
         )
-        return [StoredEvent(*r) for r in rows]
+
+    async def run_head(self, run_id: str) -> tuple[int, bool]:
+        """(last committed seq, whether the run has ended)."""
+        return await self.stream_head(True, run_id, retry_s=self.settings.db_retry_s)
+
+    async def session_head(self, session_id: str) -> int:
+        head, _ = await self.stream_head(False, session_id, retry_s=self.settings.db_retry_s)
+        return head
 
     # -- a stream (a run's or a session's), read with retries: what readers use
 
     async def stream_page(
         self, by_run: bool, ident: str, after: int, limit: int, *, retry_s: float
     ) -> list[StoredEvent]:
-        """`run_page` or `session_page`, retried while PostgreSQL is unreachable."""
-        if by_run:
-            return await retry_transient(lambda: self.run_page(ident, after, limit), for_s=retry_s)
-        return await retry_transient(lambda: self.session_page(ident, after, limit), for_s=retry_s)
+        """A run's page (by seq) or a session's (by cursor), retried while
+        PostgreSQL is unreachable (at most `retry_s`), then StorageError."""
+        sql = _RUN_PAGE if by_run else _SESSION_PAGE
+        rows = await retry_transient(
+            lambda: self.pool.fetch(sql, ident, after, limit), for_s=retry_s, what="page read"
+        )
+        return [StoredEvent(*r) for r in rows]
 
     async def stream_head(self, by_run: bool, ident: str, *, retry_s: float) -> tuple[int, bool]:
         """(head position, whether the stream ended: only runs end), with retries."""
         if by_run:
-            return await retry_transient(lambda: self.run_head(ident), for_s=retry_s)
-        return await retry_transient(lambda: self.session_head(ident), for_s=retry_s), False
-
-    async def run_head(self, run_id: str) -> tuple[int, bool]:
-        """(last committed seq, whether the run has ended)."""
-        row = await self.pool.fetchrow(
-            "SELECT last_seq, ended_at IS NOT NULL FROM runs WHERE run_id = $1", run_id
-        )
-        if row is None:
-            raise errors.RunNotFound(f"no run {run_id}")
-        return row[0], row[1]
-
-    async def session_head(self, session_id: str) -> int:
-        value = await self.pool.fetchval(
-            "SELECT last_cursor FROM sessions WHERE session_id = $1", session_id
+            row = await retry_transient(
+                lambda: self.pool.fetchrow(
+                    "SELECT last_seq, ended_at IS NOT NULL FROM runs WHERE run_id = $1", ident
+                ),
+                for_s=retry_s,
+                what="head read",
+            )
+            if row is None:
+                raise errors.RunNotFound(f"no run {ident}")
+            return row[0], row[1]
+        value = await retry_transient(
+            lambda: self.pool.fetchval(
+                "SELECT last_cursor FROM sessions WHERE session_id = $1", ident
+            ),
+            for_s=retry_s,
+            what="head read",
         )
         if value is None:
-            raise errors.SessionNotFound(f"no session {session_id}")
-        return int(value)
+            raise errors.SessionNotFound(f"no session {ident}")
+        return int(value), False

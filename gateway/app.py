@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from broker import errors
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import auth, openapi, rest, ws
 from .context import GATEWAY, Gateway, json_response
@@ -47,6 +48,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         resp = json_response(
             {"error": {"code": code, "message": e.reason, "retryable": False}}, e.status
         )
+    except TRANSIENT_DB_ERRORS as e:
+        # A connection error that got past the store: still the retryable
+        # answer, and an outage is not a bug (no traceback).
+        log.warning("%s on %s %s: answered storage_unavailable", type(e).__name__,
+                    request.method, request.path)  # fmt: skip
+        err = unavailable("the request")
+        resp = json_response({"error": err.to_dict()}, err.http_status)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         resp = json_response(
@@ -104,10 +112,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     checks = {"nats": gw.broker.bus.nc.is_connected, "postgres": False, "draining": gw.draining}
-    try:
-        checks["postgres"] = await gw.broker.store.pool.fetchval("SELECT true", timeout=2)
-    except Exception:
-        checks["postgres"] = False
+    checks["postgres"] = await gw.broker.store.ping(timeout_s=2)
     ok = checks["nats"] and checks["postgres"] and not gw.draining
     return json_response({"ready": ok, **checks}, 200 if ok else 503)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from broker import approvals, errors
+from broker import errors
 from broker.runtime import Broker
 from broker.settings import Settings
 
@@ -87,7 +87,7 @@ class Gateway:
         self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
     ) -> dict[str, object]:
         """Shared by REST and WebSocket: role check, then the single decision."""
-        info = await approvals.get(self.broker.store.pool, approval_id)
+        info = await self.broker.store.approval(approval_id)
         if run_id is not None and info.run_id != run_id:
             raise errors.ApprovalNotFound(f"no approval {approval_id} in run {run_id}")
         await auth.require_role(

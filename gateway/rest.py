@@ -12,6 +12,7 @@ import msgspec
 from aiohttp import web
 
 from broker import errors
+from broker.store import StoredEvent
 
 from . import auth, sse
 from .context import GATEWAY, Gateway, json_response
@@ -101,18 +102,12 @@ async def list_sessions(request: web.Request) -> web.Response:
     """The sessions the caller is a member of, newest first (at most 100)."""
     gw = request.app[GATEWAY]
     p = gw.principal(request)
-    rows = await gw.broker.store.pool.fetch(
-        "SELECT s.session_id, s.title, m.role, s.last_cursor,"
-        " (extract(epoch FROM s.created_at) * 1000)::bigint"
-        " FROM members m JOIN sessions s USING (session_id)"
-        " WHERE m.user_id = $1 ORDER BY s.created_at DESC LIMIT 100",
-        p.user,
-    )
+    rows = await gw.broker.store.sessions_of(p.user)
     return json_response(
         {
             "sessions": [
-                {"session_id": r[0], "title": r[1], "your_role": r[2], "head": r[3],
-                 "created_at": r[4]}
+                {"session_id": r.session_id, "title": r.title, "your_role": r.role,
+                 "head": r.head, "created_at": r.created_at_ms}
                 for r in rows
             ]
         }
@@ -124,25 +119,15 @@ async def get_session(request: web.Request) -> web.Response:
     p = gw.principal(request)
     sid = request.match_info["session_id"]
     role = await auth.require_role(gw.broker.store, sid, p.user, auth.READ, "read")
-    store = gw.broker.store
-    members = await store.pool.fetch(
-        "SELECT user_id, role FROM members WHERE session_id = $1 ORDER BY added_at", sid
-    )
-    runs = await store.pool.fetch(
-        "SELECT run_id, status, started_by, last_seq FROM runs WHERE session_id = $1"
-        " ORDER BY created_at DESC LIMIT 100",
-        sid,
-    )
+    info = await gw.broker.store.session_info(sid)
     return json_response(
         {
             "session_id": sid,
             "your_role": role,
-            "head": await store.session_head(sid),
-            "run_policy": await store.session_run_policy(sid),
-            "members": [{"user_id": m[0], "role": m[1]} for m in members],
-            "runs": [
-                {"run_id": r[0], "status": r[1], "started_by": r[2], "last_seq": r[3]} for r in runs
-            ],
+            "head": info.head,
+            "run_policy": info.run_policy,
+            "members": [{"user_id": u, "role": r} for u, r in info.members],
+            "runs": [r._asdict() for r in info.runs],
         }
     )
 
@@ -212,23 +197,22 @@ async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResp
         return await sse.stream(request, gw, p.user, kind, ident, after)
     limit = _limit(request, gw)
     store = gw.broker.store
-    if kind == "run":
-        page = await store.run_page(ident, after, limit)
-        head, ended = await store.run_head(ident)
-        last = page[-1].seq if page else after
-    else:
-        page = await store.session_page(ident, after, limit)
-        head, ended = await store.session_head(ident), False
-        last = page[-1].cursor if page else after
+    by_run = kind == "run"
+    retry_s = gw.settings.db_retry_s
+    page = await store.stream_page(by_run, ident, after, limit, retry_s=retry_s)
+    head, ended = await store.stream_head(by_run, ident, retry_s=retry_s)
     if after > head:
         raise errors.InvalidCursor(f"cursor {after} is past the head ({head})")
+    page = _up_to_hole(page, by_run)
+    first = (page[0].seq if by_run else page[0].cursor) if page else after
+    last = (page[-1].seq if by_run else page[-1].cursor) if page else after
     # The stored JSON goes out as it is: no decode, no re-encode.
     body = b"".join(
         (
             b'{"events":[',
             b",".join(e.payload for e in page),
             b'],"cursor":',
-            str(after + 1 if page else after).encode(),
+            str(first).encode(),
             b',"next_after":',
             str(last).encode(),
             b',"head":',
@@ -239,6 +223,17 @@ async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResp
         )
     )
     return web.Response(body=body, content_type="application/json")
+
+
+def _up_to_hole(page: list[StoredEvent], by_run: bool) -> list[StoredEvent]:
+    """The page up to its first hole, so that event i has cursor `cursor + i`
+    (a session's cursors have holes where pruned runs were; a run's never)."""
+    if by_run or len(page) < 2 or page[-1].cursor - page[0].cursor == len(page) - 1:
+        return page
+    for i in range(1, len(page)):
+        if page[i].cursor != page[i - 1].cursor + 1:
+            return page[:i]
+    return page
 
 
 async def interrupt(request: web.Request) -> web.Response:

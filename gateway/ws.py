@@ -15,6 +15,7 @@ import time
 from aiohttp import WSMsgType, web
 
 from broker import errors
+from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, protocol
 from .connection import Connection, State
@@ -271,6 +272,11 @@ async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -
                     return
             except errors.RunlogError as e:
                 client.error(e, protocol.peek(msg.data)[1])
+            except TRANSIENT_DB_ERRORS as e:
+                # Got past the store: still the retryable answer, not a bug.
+                log.warning("websocket message: %s; answered storage_unavailable",
+                            type(e).__name__)  # fmt: skip
+                client.error(unavailable("the request"), protocol.peek(msg.data)[1])
             except Exception:
                 log.exception("websocket message failed")
                 client.error(errors.InternalError("internal error"), protocol.peek(msg.data)[1])

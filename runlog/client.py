@@ -8,10 +8,17 @@ decide approvals.
             print(item.cursor, item.event["type"])
 
 `follow` speaks the WebSocket protocol (docs/protocol.md): it keeps the last
-cursor, reconnects on any drop or server-initiated close (to the next gateway
-in the list, with exponential backoff and full jitter), resubscribes from
-that cursor, and drops anything at or below it, so the caller sees every
-event exactly once, in order. A run's stream ends after `run_end`.
+cursor, reconnects on any drop, server-initiated close with `reconnect:
+resume`, or retryable error (e.g. `storage_unavailable` while PostgreSQL is
+down) — to the next gateway in the list, with exponential backoff and full
+jitter — resubscribes from that cursor, and drops anything at or below it, so
+the caller sees every event exactly once, in order. It gives up only on a
+non-retryable error (raised as `ClientError`), a disconnect saying not to
+come back (`Unrecoverable`), or `max_reconnects` attempts in a row that
+never got subscribed (`ConnectionError`). A run's stream ends after `run_end`.
+
+REST calls do not retry: a failure is a `ClientError` whose `retryable` says
+whether the same call may work later.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +37,14 @@ import aiohttp
 class ClientError(Exception):
     """An error reply from the gateway (code as in docs/protocol.md)."""
 
-    def __init__(self, status: int, code: str, message: str, body: dict[str, Any]) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, body: dict[str, Any], retryable: bool = False
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.body = body
+        self.retryable = retryable
 
 
 class Unrecoverable(ClientError):
@@ -78,8 +89,10 @@ class Client:
         self._http = session
         self._own_http = session is None
         self._current = 0
-        self.max_reconnects = max_reconnects
-        self.reconnects = 0
+        self.max_reconnects = max_reconnects  # in a row, without getting subscribed
+        self.reconnects = 0  # in all, for this client's life
+        # Why they happened: a server's code, or the transport error's type.
+        self.reconnect_reasons: Counter[str] = Counter()
 
     async def __aenter__(self) -> Client:
         return self
@@ -110,7 +123,8 @@ class Client:
             data = await r.json(content_type=None)
             if r.status >= 400:
                 err = (data or {}).get("error", {})
-                raise ClientError(r.status, err.get("code", "?"), err.get("message", ""), data)
+                raise ClientError(r.status, err.get("code", "?"), err.get("message", ""), data,
+                                  bool(err.get("retryable", False)))  # fmt: skip
             return data
 
     async def create_session(self, title: str = "", run_policy: str = "enqueue") -> str:
@@ -175,9 +189,11 @@ class Client:
         sub["run_id" if run_id else "session_id"] = run_id or session_id
         cursor = after
         backoff = Backoff()
+        failures = 0  # attempts in a row that did not get subscribed
         while True:
+            conn = _Connection()
             try:
-                async for item in self._one_connection(topic, sub, cursor):
+                async for item in self._one_connection(topic, sub, cursor, conn):
                     if item.cursor <= cursor:
                         continue  # dedupe across reconnects
                     cursor = item.cursor
@@ -185,16 +201,23 @@ class Client:
                     yield item
                     if run_id and item.event.get("type") == "run_end":
                         return
-            except (aiohttp.ClientError, ConnectionError, TimeoutError, _Dropped):
-                pass
+                reason = conn.reason
+            except _Retry as e:
+                reason = e.reason
+            except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+                reason = type(e).__name__
+            failures = 0 if conn.subscribed else failures + 1
             self.reconnects += 1
-            if self.reconnects > self.max_reconnects:
-                raise ConnectionError(f"gave up after {self.max_reconnects} reconnects")
+            self.reconnect_reasons[reason] += 1
+            if failures > self.max_reconnects:
+                raise ConnectionError(
+                    f"gave up after {self.max_reconnects} reconnects in a row (last: {reason})"
+                )
             self._current += 1  # try the next gateway
             await asyncio.sleep(backoff.next_delay())
 
     async def _one_connection(
-        self, topic: str, sub: dict[str, Any], cursor: int
+        self, topic: str, sub: dict[str, Any], cursor: int, conn: _Connection
     ) -> AsyncIterator[Received]:
         url = self.base_url.replace("http", "ws", 1) + "/v1/ws"
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -210,12 +233,29 @@ class Client:
                 elif kind == "events" and m["topic"] == topic:
                     for i, ev in enumerate(m["events"]):
                         yield Received(m["cursor"] + i, ev)
+                elif kind == "subscribed" and m.get("topic") == topic:
+                    conn.subscribed = True
                 elif kind == "error" and m.get("ref") == "follow":
+                    if m.get("retryable"):
+                        raise _Retry(m["code"])  # e.g. storage_unavailable: wait it out
                     raise ClientError(400, m["code"], m.get("message", ""), m)
-                elif kind == "disconnect" and m.get("reconnect") != "resume":
-                    raise Unrecoverable(0, m["code"], m.get("message", ""), m)
-        raise _Dropped()
+                elif kind == "disconnect":
+                    if m.get("reconnect") != "resume":
+                        raise Unrecoverable(0, m["code"], m.get("message", ""), m)
+                    conn.reason = m["code"]
 
 
-class _Dropped(Exception):
-    """The connection ended without a final event: reconnect and resume."""
+class _Connection:
+    """What one connection of `follow` found out."""
+
+    def __init__(self) -> None:
+        self.subscribed = False
+        self.reason = "dropped"  # why it ended, unless the server said
+
+
+class _Retry(Exception):
+    """A retryable error: reconnect and resume. `reason` is the server's code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -7,9 +7,11 @@ import os
 import sys
 from collections.abc import AsyncIterator
 
+import pytest
 import pytest_asyncio
 
 from broker import events
+from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
 from gateway.context import GATEWAY
@@ -101,3 +103,28 @@ async def test_runlog_tail_prints_the_run(gw: RunningGateway, broker: Broker,
     assert proc.returncode == 0, err.decode()
     assert "Hello world" in text and "tool search (low risk)" in text
     assert "3 hits" in text and "run ended: completed" in text
+
+
+async def test_follow_surfaces_a_non_retryable_error_at_once(
+    gw: RunningGateway, broker: Broker
+) -> None:
+    sid = await broker.store.create_session("alice")
+    run_id, _ = await write_run(broker, sid, 1)
+    async with Client(gw.url, gw.token("mallory")) as c:
+        with pytest.raises(ClientError) as e:
+            async for _ in c.follow(run_id=run_id):
+                pass
+        assert (e.value.code, e.value.retryable, c.reconnects) == ("not_a_member", False, 0)
+        # REST errors say whether to retry, too.
+        with pytest.raises(ClientError) as e:
+            await c.get_run(run_id)
+        assert (e.value.status, e.value.code, e.value.retryable) == (403, "not_a_member", False)
+
+
+async def test_follow_gives_up_after_max_reconnects_in_a_row() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with Client(url, "token", max_reconnects=2) as c:
+        with pytest.raises(ConnectionError, match="after 2 reconnects in a row"):
+            async for _ in c.follow(run_id="r_x"):
+                pass
+        assert c.reconnect_reasons == {"ClientConnectorError": 3}

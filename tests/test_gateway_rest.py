@@ -251,3 +251,44 @@ async def test_streams_of_unknown_ids_do_not_leak(gw: RunningGateway, http: aioh
                                                   path: str) -> None:  # fmt: skip
     async with http.get(gw.url + path, headers=gw.headers("alice")) as r:
         assert r.status == 403 and (await r.json())["error"]["code"] == "not_a_member"
+
+
+async def test_session_pages_carry_real_cursors_across_pruned_holes(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    """Pruned runs leave holes in a session's cursors: a page's `cursor` is its
+    first event's real cursor, and a page stops before a hole, so event i of a
+    page still has cursor `cursor + i`."""
+    sid = await session_with(http, gw, "alice")
+    r1, _ = await write_run(broker, sid, 5)  # cursors 1-6
+    r2, _ = await write_run(broker, sid, 5)  # 7-12, pruned below
+    r3, _ = await write_run(broker, sid, 10)  # 13-23
+    await broker.store.pool.execute("DELETE FROM events WHERE run_id = $1", r2)
+
+    async def page(after: int) -> dict:
+        async with http.get(f"{gw.url}/v1/sessions/{sid}/events?after={after}",
+                            headers=gw.headers("alice")) as r:  # fmt: skip
+            assert r.status == 200, await r.text()
+            return dict(await r.json())
+
+    p = await page(6)  # the page right after the hole starts at its real cursor
+    assert (p["cursor"], p["next_after"], p["head"]) == (13, 23, 23)
+    assert [(e["run_id"], e["seq"]) for e in p["events"]] == [(r3, s) for s in range(1, 12)]
+    p = await page(8)  # a cursor inside the hole
+    assert (p["cursor"], p["next_after"]) == (13, 23)
+    assert len(p["events"]) == 11
+    p = await page(3)  # a page that would span the hole stops before it
+    assert (p["cursor"], p["next_after"]) == (4, 6)
+    assert [(e["run_id"], e["seq"]) for e in p["events"]] == [(r1, 4), (r1, 5), (r1, 6)]
+    # Paging through from 0 with next_after: every stored event once, with the
+    # cursors the rule gives, the same as a stream's.
+    got: list[tuple[int, str, int]] = []
+    after = 0
+    while True:
+        p = await page(after)
+        if not p["events"]:
+            break
+        got += [(p["cursor"] + i, e["run_id"], e["seq"]) for i, e in enumerate(p["events"])]
+        after = p["next_after"]
+    assert got == [(c, r1, c) for c in range(1, 7)] + [(12 + s, r3, s) for s in range(1, 12)]
+    assert after == 23

@@ -9,7 +9,7 @@
  *     after: 0,                      // the cursor to start after
  *     onEvent(cursor, event, { from }) { ... },
  *     onState(state, info) { ... },  // "connecting" | "live" | "reconnecting" |
- *   });                              // "resumed from #N" | "stopped"
+ *   });                              // "resumed from #N" | "stopped"; info.code: why
  *   sub.unsubscribe();
  *
  * Delivery contract, per subscription: every event exactly once, in cursor
@@ -24,10 +24,13 @@
  * exponential backoff and full jitter, also after server-initiated closes,
  * and obeys the `disconnect` message's `reconnect` field: `resume` (back off,
  * reconnect, resubscribe), `reauth` (ask `onAuthNeeded` for a new token
- * first), `stop` (give up until `reconnect()` is called). It pings every
- * `heartbeat_s` (from `hello`) and drops a connection that has been silent
- * for 2.5 times that. When the WebSocket cannot be established
- * `sseFallbackAfter` times in a row it falls back to Server-Sent Events
+ * first), `stop` (give up until `reconnect()` is called). An error reply to
+ * a subscribe that is `retryable` (e.g. `storage_unavailable` while
+ * PostgreSQL is down) is retried with backoff for as long as it lasts; a
+ * non-retryable one ends that subscription (`onError`, state "stopped").
+ * It pings every `heartbeat_s` (from `hello`) and drops a connection that
+ * has been silent for 2.5 times that. When the WebSocket cannot be
+ * established `sseFallbackAfter` times in a row it falls back to Server-Sent Events
  * (one EventSource per subscription, resumed with `?after=`), and tries the
  * WebSocket again every `wsRetryMs`.
  *
@@ -50,7 +53,7 @@ const CLOSE_ACTIONS = {
   4403: "stop", 4400: "stop",
 };
 // Disconnects after which the server asks us to back off before coming back.
-const BACK_OFF_FIRST = new Set(["rate_limited", "internal", 4429, 4500]);
+const BACK_OFF_FIRST = new Set(["rate_limited", "internal", "storage_unavailable", 4429, 4500, 4002]);
 const AUTH_CODES = new Set(["unauthorized", "token_expired"]);
 
 /** Exponential backoff with full jitter: a random delay in [0, min(max, base·2^attempt)). */
@@ -95,6 +98,7 @@ export class Subscription {
     this.batch = opts.batch ?? true;
     this.head = null; // the head the server reported at the last subscribe
     this.state = null;
+    this.stateCode = null; // the reason given with the state, if any
     this.ended = false; // a run subscription that delivered run_end
     this.closed = false;
     this.subscribedOnce = false;
@@ -113,8 +117,11 @@ export class Subscription {
   }
 
   _setState(state, info = {}) {
-    if (state === this.state || this.closed) return;
+    // The same state again is news only with another reason (`info.code`).
+    const code = info.code ?? null;
+    if ((state === this.state && code === this.stateCode) || this.closed) return;
     this.state = state;
+    this.stateCode = code;
     try {
       this._onState(state, { topic: this.topic, cursor: this.cursor, ...info });
     } catch (e) {
@@ -353,8 +360,11 @@ export class RunlogClient {
     if (AUTH_CODES.has(msg.code)) {
       this._reauth(msg);
     } else if (msg.retryable) {
-      const t = setTimeout(() => conn === this._conn && this._sendSubscribe(conn, sub),
-        Math.max(500, backoffDelay(this._attempt++, this.backoff)));
+      // "Not now" (e.g. PostgreSQL is down): say why, and ask again for as long as it takes.
+      const delayMs = Math.max(500, backoffDelay(this._attempt++, this.backoff));
+      sub._setState(sub.subscribedOnce ? "reconnecting" : "connecting",
+        { code: msg.code, message: msg.message, retryable: true, delayMs, gateway: conn.base });
+      const t = setTimeout(() => conn === this._conn && this._sendSubscribe(conn, sub), delayMs);
       conn.timers.push(t);
     } else {
       this._subs.delete(sub.topic);
