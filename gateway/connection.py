@@ -152,7 +152,7 @@ class Connection:
 
     def _count(self, items: list[Item]) -> None:
         m = self.metrics
-        m.frames_sent[self.kind] += len(items)
+        m.frames_queued[self.kind] += len(items)
         q = self.queue
         if q.coalesced or q.dropped:  # only a lagging connection gets here with these
             m.coalesced.inc(q.coalesced)

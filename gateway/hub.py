@@ -68,8 +68,9 @@ class Member:
         if not self.live:
             if len(self._pending) < _PENDING_MAX:
                 self._pending.append(batch)
-            else:
+            elif not self._pending_overflow:
                 self._pending_overflow = True
+                self.topic.hub.metrics.pending_overflows.inc()
             return 0
         if batch.last <= self.position:
             return 0

@@ -22,8 +22,10 @@ class GatewayMetrics:
         )
         # Frames are counted on the hottest path (once per client per event),
         # so as plain ints, exported by a collector: no lock, no label lookup.
-        self.frames_sent: dict[str, int] = dict.fromkeys(CONN_KINDS, 0)
-        registry.register(_FramesCollector(self.frames_sent))
+        # Direct: written at once by the fan-out; queued: by the writer task.
+        self.frames_direct: dict[str, int] = dict.fromkeys(CONN_KINDS, 0)
+        self.frames_queued: dict[str, int] = dict.fromkeys(CONN_KINDS, 0)
+        registry.register(_FramesCollector(self.frames_direct, self.frames_queued))
         self.events_fanned_out = Counter(
             "runlog_gateway_events_fanned_out_total",
             "Events put into client send queues (one per event per subscriber).",
@@ -64,6 +66,12 @@ class GatewayMetrics:
             "Events sent from PostgreSQL to catch a subscriber up.",
             registry=registry,
         )
+        self.pending_overflows = Counter(
+            "runlog_gateway_catchup_buffer_overflows_total",
+            "Catching-up subscribers whose buffer of live batches overflowed (they re-read "
+            "from PostgreSQL instead).",
+            registry=registry,
+        )
         self.commit_to_send_seconds = Histogram(
             "runlog_gateway_commit_to_queue_seconds",
             "From commit (as stamped by the appender) to the event entering client queues.",
@@ -88,15 +96,18 @@ class GatewayMetrics:
 
 
 class _FramesCollector(Collector):
-    def __init__(self, counts: dict[str, int]) -> None:
-        self.counts = counts
+    def __init__(self, direct: dict[str, int], queued: dict[str, int]) -> None:
+        self.direct = direct
+        self.queued = queued
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
             "runlog_gateway_frames_sent",
-            "Frames written to clients (WebSocket frames or SSE writes).",
-            labels=["kind"],
+            "Frames written to clients (WebSocket frames or SSE writes), by path: "
+            "direct (straight to a socket that keeps up) or queued (by the writer task).",
+            labels=["kind", "path"],
         )
-        for kind, n in self.counts.items():
-            family.add_metric([kind], n)
+        for kind in self.direct:
+            family.add_metric([kind, "direct"], self.direct[kind])
+            family.add_metric([kind, "queued"], self.queued[kind])
         yield family

@@ -91,7 +91,7 @@ class WsClient(Connection):
             t.writelines(frames)
         if topic is not None:
             self.sent[topic] = last
-        self.metrics.frames_sent["ws"] += len(frames)
+        self.metrics.frames_direct["ws"] += len(frames)
         return True
 
     async def send(self, items: list[Item]) -> None:

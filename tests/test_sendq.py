@@ -154,5 +154,5 @@ async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> Non
     assert len(written) == 2
     assert registry.get_sample_value("runlog_gateway_coalesced_events_total") == 1
     assert registry.get_sample_value("runlog_gateway_dropped_progress_events_total") == 1
-    assert metrics.frames_sent["ws"] == 2 and conn.queue.nbytes == 0
+    assert metrics.frames_queued["ws"] == 2 and conn.queue.nbytes == 0
     assert conn in host.connections  # registered until its teardown ends
