@@ -5,7 +5,8 @@ returns; the same decision again returns the stored one (`created` False); a
 different decision gets ApprovalConflict (carrying the stored one); a
 decision after `expires_at` gets ApprovalExpired; an unknown id gets
 ApprovalNotFound. The single conditional UPDATE makes concurrent deciders on
-any number of gateways agree on one winner.
+any number of gateways agree on one winner. `decide` takes a connection so
+that the caller can commit the decision together with its audit row.
 
 Contract of the worker's writes (`create`, `expire`, `close_open_for_run`):
 each is made on the run's behalf by its owner and is fenced like an append
@@ -98,8 +99,8 @@ async def create(
     )
 
 
-async def get(pool: asyncpg.Pool, approval_id: str) -> ApprovalInfo:
-    row = await pool.fetchrow(
+async def get(db: asyncpg.Pool | asyncpg.Connection, approval_id: str) -> ApprovalInfo:
+    row = await db.fetchrow(
         f"SELECT {_COLUMNS} FROM approvals a JOIN runs r USING (run_id) WHERE a.approval_id = $1",
         approval_id,
     )
@@ -109,12 +110,17 @@ async def get(pool: asyncpg.Pool, approval_id: str) -> ApprovalInfo:
 
 
 async def decide(
-    pool: asyncpg.Pool, approval_id: str, decision: str, decided_by: str, comment: str = ""
+    db: asyncpg.Pool | asyncpg.Connection,
+    approval_id: str,
+    decision: str,
+    decided_by: str,
+    comment: str = "",
 ) -> tuple[ApprovalInfo, bool]:
-    """Store a decision. Returns (the stored approval, whether this call decided it)."""
+    """Store a decision. Returns (the stored approval, whether this call decided it).
+    On a connection in a transaction, the decision commits with that transaction."""
     if decision not in ("approve", "reject"):
         raise errors.ClientError("decision must be 'approve' or 'reject'")
-    row = await pool.fetchrow(
+    row = await db.fetchrow(
         f"""WITH d AS (
             UPDATE approvals SET decision = $2, decided_by = $3, decided_at = now(), comment = $4
             WHERE approval_id = $1 AND decision IS NULL AND expires_at > now()
@@ -127,7 +133,7 @@ async def decide(
     )
     if row is not None:
         return ApprovalInfo(*row), True
-    stored = await get(pool, approval_id)
+    stored = await get(db, approval_id)
     if stored.decision is None or stored.decision == "expired":
         raise errors.ApprovalExpired(f"approval {approval_id} expired")
     if stored.decision == decision:

@@ -1,10 +1,11 @@
 """Approvals in PostgreSQL (real server): every write a run's owner makes to
-them is fenced by its epoch."""
+them is fenced by its epoch, and a decision commits with its audit row."""
 
 from __future__ import annotations
 
 import time
 
+import asyncpg
 import pytest
 
 from broker import approvals, errors, events, ids
@@ -77,3 +78,61 @@ async def test_a_fenced_owner_cannot_create_expire_or_close_approvals(broker: Br
             tool_call_id="call_late", summary="late", expires_at_ms=now + 60_000,
         )  # fmt: skip
     assert len(await approvals.open_for_run(pool, run_id)) == 2
+
+
+async def _audits(pool: asyncpg.Pool, approval_id: str) -> list[tuple[str, str]]:
+    rows = await pool.fetch(
+        "SELECT actor, action FROM audit WHERE detail->>'approval_id' = $1 ORDER BY audit_id",
+        approval_id,
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def _open_approval(broker: Broker) -> tuple[str, str]:
+    run_id = await _run(broker)
+    w = await broker.claim(run_id, "worker-a")
+    aid = ids.approval_id()
+    await approvals.create(
+        broker.store.pool, approval_id=aid, run_id=run_id, epoch=w.epoch, tool_call_id="call_1",
+        summary="send it?", expires_at_ms=int(time.time() * 1000) + 60_000,
+    )  # fmt: skip
+    return run_id, aid
+
+
+async def test_each_stored_decision_has_one_audit_row(broker: Broker) -> None:
+    pool = broker.store.pool
+    _, aid = await _open_approval(broker)
+    info, created = await broker.decide(aid, "approve", "bob", "ok")
+    assert created and (info.decision, info.decided_by) == ("approve", "bob")
+    assert await _audits(pool, aid) == [("bob", "approval_approve")]
+    # A repeat is a no-op, a conflicting decision an error: neither is audited.
+    _, created = await broker.decide(aid, "approve", "carol")
+    assert not created
+    with pytest.raises(errors.ApprovalConflict):
+        await broker.decide(aid, "reject", "carol")
+    assert await _audits(pool, aid) == [("bob", "approval_approve")]
+
+
+_REFUSED_COMMENT = "this audit row is refused"
+
+
+async def test_a_decision_whose_audit_fails_is_not_stored(broker: Broker) -> None:
+    pool = broker.store.pool
+    _, aid = await _open_approval(broker)
+    # A constraint only this test's decision violates: the audit insert fails
+    # after the decision's UPDATE has run.
+    await pool.execute(
+        "ALTER TABLE audit ADD CONSTRAINT test_refused_audit"
+        f" CHECK (detail->>'comment' IS DISTINCT FROM '{_REFUSED_COMMENT}') NOT VALID"
+    )
+    try:
+        with pytest.raises(asyncpg.CheckViolationError):
+            await broker.decide(aid, "approve", "bob", _REFUSED_COMMENT)
+    finally:
+        await pool.execute("ALTER TABLE audit DROP CONSTRAINT test_refused_audit")
+    stored = await approvals.get(pool, aid)
+    assert (stored.decision, stored.decided_by) == (None, None)
+    assert await _audits(pool, aid) == []
+    # Nothing half-done is left behind: the same decision can be made again.
+    _, created = await broker.decide(aid, "approve", "bob", "ok")
+    assert created and await _audits(pool, aid) == [("bob", "approval_approve")]
