@@ -3,6 +3,7 @@ them is fenced by its epoch, and a decision commits with its audit row."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import asyncpg
@@ -11,6 +12,8 @@ import pytest
 from broker import approvals, errors, events, ids
 from broker.approvals import ApprovalInfo
 from broker.runtime import Broker
+
+from .workerkit import wait_until
 
 
 async def _run(broker: Broker) -> str:
@@ -78,6 +81,47 @@ async def test_a_fenced_owner_cannot_create_expire_or_close_approvals(broker: Br
             tool_call_id="call_late", summary="late", expires_at_ms=now + 60_000,
         )  # fmt: skip
     assert len(await approvals.open_for_run(pool, run_id)) == 2
+
+
+async def test_an_owners_write_racing_a_takeover_waits_for_it(broker: Broker) -> None:
+    """The fence locks the run's row: a write that starts while a takeover's
+    epoch bump is in flight waits for it, then sees the new epoch. (Reading
+    the epoch without the lock would let the write commit after the new
+    owner looked, leaving an approval no owner knows of.)"""
+    pool = broker.store.pool
+    run_id = await _run(broker)
+    old = await broker.claim(run_id, "worker-a")
+
+    async def zombie_create() -> None:
+        await approvals.create(
+            pool, approval_id=ids.approval_id(), run_id=run_id, epoch=old.epoch,
+            tool_call_id="call_z", summary="zombie", expires_at_ms=int(time.time() * 1000) + 60_000,
+        )  # fmt: skip
+
+    async with pool.acquire() as conn:
+        takeover = conn.transaction()
+        await takeover.start()
+        await conn.execute(
+            "UPDATE runs SET owner_id = 'worker-b', owner_epoch = owner_epoch + 1"
+            " WHERE run_id = $1",
+            run_id,
+        )
+        create = asyncio.create_task(zombie_create())
+
+        async def blocked_or_done() -> bool:
+            waiting = await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%INSERT INTO approvals%'"
+            )
+            return create.done() or bool(waiting)
+
+        try:
+            await wait_until(blocked_or_done)
+        finally:
+            await takeover.commit()
+            (outcome,) = await asyncio.gather(create, return_exceptions=True)
+    assert isinstance(outcome, errors.StaleEpoch), outcome
+    assert await approvals.open_for_run(pool, run_id) == []
 
 
 async def _audits(pool: asyncpg.Pool, approval_id: str) -> list[tuple[str, str]]:
