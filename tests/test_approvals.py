@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+import pytest_asyncio
 
 from broker import approvals, errors, events, ids
 from broker.approvals import ApprovalInfo
@@ -16,18 +18,27 @@ from broker.runtime import Broker
 from .workerkit import wait_until
 
 
-async def _run(broker: Broker) -> str:
+@pytest_asyncio.fixture(loop_scope="session")
+async def run_id(broker: Broker) -> AsyncIterator[str]:
+    """A run of the test's own, ended afterwards: a worker of a later test
+    must not take it over."""
     session_id = await broker.store.create_session("alice")
-    return await broker.store.create_run(session_id, "alice")
+    run_id = await broker.store.create_run(session_id, "alice")
+    yield run_id
+    if not (await broker.store.run_head(run_id))[1]:
+        w = await broker.claim(run_id, "test-cleanup")
+        await w.append(events.RunEnd(status="completed"))
+        await w.flush()
 
 
 def _states(rows: list[ApprovalInfo]) -> dict[str, tuple[str | None, str | None, str]]:
     return {a.approval_id: (a.decision, a.decided_by, a.comment) for a in rows}
 
 
-async def test_a_fenced_owner_cannot_create_expire_or_close_approvals(broker: Broker) -> None:
+async def test_a_fenced_owner_cannot_create_expire_or_close_approvals(
+    broker: Broker, run_id: str
+) -> None:
     pool = broker.store.pool
-    run_id = await _run(broker)
     old = await broker.claim(run_id, "worker-a")
     new = await broker.claim(run_id, "worker-b")  # what a takeover does: epoch + 1
     assert (old.epoch, new.epoch) == (1, 2)
@@ -83,13 +94,12 @@ async def test_a_fenced_owner_cannot_create_expire_or_close_approvals(broker: Br
     assert len(await approvals.open_for_run(pool, run_id)) == 2
 
 
-async def test_an_owners_write_racing_a_takeover_waits_for_it(broker: Broker) -> None:
+async def test_an_owners_write_racing_a_takeover_waits_for_it(broker: Broker, run_id: str) -> None:
     """The fence locks the run's row: a write that starts while a takeover's
     epoch bump is in flight waits for it, then sees the new epoch. (Reading
     the epoch without the lock would let the write commit after the new
     owner looked, leaving an approval no owner knows of.)"""
     pool = broker.store.pool
-    run_id = await _run(broker)
     old = await broker.claim(run_id, "worker-a")
 
     async def zombie_create() -> None:
@@ -132,20 +142,19 @@ async def _audits(pool: asyncpg.Pool, approval_id: str) -> list[tuple[str, str]]
     return [(r[0], r[1]) for r in rows]
 
 
-async def _open_approval(broker: Broker) -> tuple[str, str]:
-    run_id = await _run(broker)
+async def _open_approval(broker: Broker, run_id: str) -> str:
     w = await broker.claim(run_id, "worker-a")
     aid = ids.approval_id()
     await approvals.create(
         broker.store.pool, approval_id=aid, run_id=run_id, epoch=w.epoch, tool_call_id="call_1",
         summary="send it?", expires_at_ms=int(time.time() * 1000) + 60_000,
     )  # fmt: skip
-    return run_id, aid
+    return aid
 
 
-async def test_each_stored_decision_has_one_audit_row(broker: Broker) -> None:
+async def test_each_stored_decision_has_one_audit_row(broker: Broker, run_id: str) -> None:
     pool = broker.store.pool
-    _, aid = await _open_approval(broker)
+    aid = await _open_approval(broker, run_id)
     info, created = await broker.decide(aid, "approve", "bob", "ok")
     assert created and (info.decision, info.decided_by) == ("approve", "bob")
     assert await _audits(pool, aid) == [("bob", "approval_approve")]
@@ -160,9 +169,9 @@ async def test_each_stored_decision_has_one_audit_row(broker: Broker) -> None:
 _REFUSED_COMMENT = "this audit row is refused"
 
 
-async def test_a_decision_whose_audit_fails_is_not_stored(broker: Broker) -> None:
+async def test_a_decision_whose_audit_fails_is_not_stored(broker: Broker, run_id: str) -> None:
     pool = broker.store.pool
-    _, aid = await _open_approval(broker)
+    aid = await _open_approval(broker, run_id)
     # A constraint only this test's decision violates: the audit insert fails
     # after the decision's UPDATE has run.
     await pool.execute(
