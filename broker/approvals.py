@@ -5,7 +5,20 @@ returns; the same decision again returns the stored one (`created` False); a
 different decision gets ApprovalConflict (carrying the stored one); a
 decision after `expires_at` gets ApprovalExpired; an unknown id gets
 ApprovalNotFound. The single conditional UPDATE makes concurrent deciders on
-any number of gateways agree on one winner.
+any number of gateways agree on one winner. `decide` takes a connection so
+that the caller can commit the decision together with its audit row.
+
+Contract of the worker's writes (`create`, `expire`, `close_open_for_run`):
+each is made on the run's behalf by its owner and is fenced like an append
+(`log.py`) or `Store.save_checkpoint`: it takes effect only while
+`runs.owner_epoch` is the writer's epoch and the run has not ended, else it
+changes nothing and raises StaleEpoch. The check is part of the write's own
+statement, and it locks the run's row (FOR SHARE), which a takeover's epoch
+bump must wait for: either the write commits first (and the new owner sees
+it), or it sees the new epoch. So a worker that was paused or partitioned
+while it owned the run — even one whose statement was already on its way —
+can neither leave an approval behind for a run it no longer owns nor expire
+the one the new owner waits on.
 """
 
 from __future__ import annotations
@@ -35,29 +48,59 @@ class ApprovalInfo(NamedTuple):
     comment: str
 
 
+# The run's row, while `epoch` owns it: every owner's write reads it, so the
+# write happens only if it is there (see the module's contract).
+_OWNER = """owner AS (SELECT run_id FROM runs
+    WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL FOR SHARE)"""
+
+
+async def _as_owner(pool: asyncpg.Pool, run_id: str, epoch: int, write: str, *args: object) -> int:
+    """Run `write` (a statement that writes only rows joined to `owner`, with
+    RETURNING) as the run's owner; return how many rows it wrote."""
+    row = await pool.fetchrow(
+        f"WITH {_OWNER}, w AS ({write})"
+        " SELECT EXISTS (SELECT FROM owner), (SELECT count(*) FROM w)",
+        run_id,
+        epoch,
+        *args,
+    )
+    assert row is not None
+    if not row[0]:
+        raise errors.StaleEpoch(
+            f"run {run_id}: epoch {epoch} is no longer the owner's, or the run has ended;"
+            " nothing was written"
+        )
+    return int(row[1])
+
+
 async def create(
     pool: asyncpg.Pool,
     *,
     approval_id: str,
     run_id: str,
+    epoch: int,
     tool_call_id: str,
     summary: str,
     expires_at_ms: int,
 ) -> None:
-    await pool.execute(
-        "INSERT INTO approvals (approval_id, run_id, tool_call_id, summary, expires_at)"
-        " VALUES ($1, $2, $3, $4, to_timestamp($5::float8 / 1000))"
-        " ON CONFLICT (approval_id) DO NOTHING",
-        approval_id,
+    """Store a new approval for the run (fenced by `epoch`). Creating the same
+    id again is a no-op, so a create whose reply was lost can be retried."""
+    await _as_owner(
+        pool,
         run_id,
+        epoch,
+        "INSERT INTO approvals (approval_id, run_id, tool_call_id, summary, expires_at)"
+        " SELECT $3, run_id, $4, $5, to_timestamp($6::float8 / 1000) FROM owner"
+        " ON CONFLICT (approval_id) DO NOTHING RETURNING 1",
+        approval_id,
         tool_call_id,
         summary,
         expires_at_ms,
     )
 
 
-async def get(pool: asyncpg.Pool, approval_id: str) -> ApprovalInfo:
-    row = await pool.fetchrow(
+async def get(db: asyncpg.Pool | asyncpg.Connection, approval_id: str) -> ApprovalInfo:
+    row = await db.fetchrow(
         f"SELECT {_COLUMNS} FROM approvals a JOIN runs r USING (run_id) WHERE a.approval_id = $1",
         approval_id,
     )
@@ -67,12 +110,17 @@ async def get(pool: asyncpg.Pool, approval_id: str) -> ApprovalInfo:
 
 
 async def decide(
-    pool: asyncpg.Pool, approval_id: str, decision: str, decided_by: str, comment: str = ""
+    db: asyncpg.Pool | asyncpg.Connection,
+    approval_id: str,
+    decision: str,
+    decided_by: str,
+    comment: str = "",
 ) -> tuple[ApprovalInfo, bool]:
-    """Store a decision. Returns (the stored approval, whether this call decided it)."""
+    """Store a decision. Returns (the stored approval, whether this call decided it).
+    On a connection in a transaction, the decision commits with that transaction."""
     if decision not in ("approve", "reject"):
         raise errors.ClientError("decision must be 'approve' or 'reject'")
-    row = await pool.fetchrow(
+    row = await db.fetchrow(
         f"""WITH d AS (
             UPDATE approvals SET decision = $2, decided_by = $3, decided_at = now(), comment = $4
             WHERE approval_id = $1 AND decision IS NULL AND expires_at > now()
@@ -85,7 +133,7 @@ async def decide(
     )
     if row is not None:
         return ApprovalInfo(*row), True
-    stored = await get(pool, approval_id)
+    stored = await get(db, approval_id)
     if stored.decision is None or stored.decision == "expired":
         raise errors.ApprovalExpired(f"approval {approval_id} expired")
     if stored.decision == decision:
@@ -96,12 +144,16 @@ async def decide(
     )
 
 
-async def expire(pool: asyncpg.Pool, approval_id: str) -> ApprovalInfo:
-    """Mark an undecided approval past its expiry as expired; return what is stored
-    (a decision that won the race stays)."""
-    await pool.execute(
+async def expire(pool: asyncpg.Pool, approval_id: str, *, run_id: str, epoch: int) -> ApprovalInfo:
+    """Mark an undecided approval of the run past its expiry as expired (fenced
+    by `epoch`); return what is stored (a decision that won the race stays)."""
+    await _as_owner(
+        pool,
+        run_id,
+        epoch,
         "UPDATE approvals SET decision = 'expired', decided_at = now(), decided_by = 'system'"
-        " WHERE approval_id = $1 AND decision IS NULL AND expires_at <= now()",
+        " WHERE approval_id = $3 AND run_id = $1 AND EXISTS (SELECT FROM owner)"
+        " AND decision IS NULL AND expires_at <= now() RETURNING 1",
         approval_id,
     )
     return await get(pool, approval_id)
@@ -116,13 +168,16 @@ async def open_for_run(pool: asyncpg.Pool, run_id: str) -> list[ApprovalInfo]:
     return [ApprovalInfo(*r) for r in rows]
 
 
-async def close_open_for_run(pool: asyncpg.Pool, run_id: str) -> int:
+async def close_open_for_run(pool: asyncpg.Pool, run_id: str, epoch: int) -> int:
     """When a run ends while an approval is still open (stopped, failed, taken
     over): mark it expired, so a late decision gets ApprovalExpired instead of
-    being stored for a run that will never act on it. Returns how many."""
-    status = await pool.execute(
-        "UPDATE approvals SET decision = 'expired', decided_at = now(), decided_by = 'system',"
-        " comment = 'the run ended' WHERE run_id = $1 AND decision IS NULL",
+    being stored for a run that will never act on it. Fenced by `epoch`: the
+    owner ending the run calls it before its run_end commits. Returns how many."""
+    return await _as_owner(
+        pool,
         run_id,
+        epoch,
+        "UPDATE approvals SET decision = 'expired', decided_at = now(), decided_by = 'system',"
+        " comment = 'the run ended'"
+        " WHERE run_id = $1 AND EXISTS (SELECT FROM owner) AND decision IS NULL RETURNING 1",
     )
-    return int(status.split()[-1])

@@ -8,7 +8,8 @@ Evolution rules (stored events are read back for as long as a run is kept):
 
 1. A new field always has a default, so events stored before it decode.
 2. A field's type never changes; a field is never renamed or given a new
-   meaning. Retire a field by ignoring it, add a new one beside it.
+   meaning. Retire a field by ignoring it, add a new one beside it; retire a
+   value by refusing it in `validate` (appends) while stored ones still decode.
 3. A new event type is a new tag; old readers skip tags they do not know
    (`decode_stored` reports them, the gateway passes them through as bytes).
 4. Stored events are decoded leniently (unknown fields are ignored); only
@@ -20,7 +21,7 @@ verbatim: replay and live fan-out send those bytes as they are.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -29,7 +30,12 @@ from . import errors
 RiskLevel = Literal["low", "medium", "high"]
 ToolStatus = Literal["ok", "error", "denied", "skipped"]
 Decision = Literal["approve", "reject"]
-RunStatus = Literal["completed", "aborted", "failed", "waiting_approval"]
+RunStatus = Literal["completed", "aborted", "failed"]  # how a run ends: all a run_end may say
+# Admitted by run_end.status once, though it is no end, and never written by
+# runlog: stored events keep decoding (a field's type never changes), but
+# `validate`, which every append goes through, refuses it.
+_RetiredRunStatus = Literal["waiting_approval"]
+RUN_END_STATUSES: frozenset[str] = frozenset(get_args(RunStatus))
 
 
 class Event(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=False):
@@ -142,7 +148,7 @@ class StopAudit(msgspec.Struct, kw_only=True):
 
 
 class RunEnd(Event, tag="run_end"):
-    status: RunStatus
+    status: RunStatus | _RetiredRunStatus  # appends: RunStatus only
     usage: Usage | None = None
     stop: StopAudit | None = None
 
@@ -187,7 +193,7 @@ def validate(data: bytes, *, max_bytes: int) -> AnyEvent:
     if len(data) > max_bytes:
         raise errors.PayloadTooLarge(f"event is {len(data)} bytes; the limit is {max_bytes}")
     try:
-        return _decoder.decode(data)
+        event = _decoder.decode(data)
     except msgspec.ValidationError as e:
         tag = _tag_of(data)
         if tag not in EVENT_TYPES:
@@ -195,6 +201,12 @@ def validate(data: bytes, *, max_bytes: int) -> AnyEvent:
         raise errors.InvalidEvent(str(e)) from e
     except msgspec.DecodeError as e:
         raise errors.InvalidEvent(f"malformed JSON: {e}") from e
+    if isinstance(event, RunEnd) and event.status not in RUN_END_STATUSES:
+        raise errors.InvalidEvent(
+            f"run_end.status {event.status!r} does not end a run; use one of"
+            f" {', '.join(sorted(RUN_END_STATUSES))}"
+        )
+    return event
 
 
 class _Tagged(msgspec.Struct):

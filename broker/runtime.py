@@ -130,15 +130,16 @@ class Broker:
     async def decide(
         self, approval_id: str, decision: str, decided_by: str, comment: str = ""
     ) -> tuple[ApprovalInfo, bool]:
-        """Store a decision (first one wins), then send it to the run's owner."""
-        info, created = await approvals.decide(
-            self.store.pool, approval_id, decision, decided_by, comment
-        )
-        if created:
-            await self.store.audit(
-                decided_by, f"approval_{decision}", session_id=info.session_id,
-                run_id=info.run_id, detail={"approval_id": approval_id, "comment": comment},
-            )  # fmt: skip
+        """Store a decision (first one wins) and its audit row in one transaction,
+        then send it to the run's owner. A repeat stores and audits nothing."""
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            info, created = await approvals.decide(conn, approval_id, decision, decided_by, comment)
+            if created:
+                await self.store.audit(
+                    decided_by, f"approval_{decision}", session_id=info.session_id,
+                    run_id=info.run_id, detail={"approval_id": approval_id, "comment": comment},
+                    conn=conn,
+                )  # fmt: skip
         if info.decision in ("approve", "reject"):
             # Sent again on a repeat too: harmless (deduplicated), and it helps
             # if the first send was lost.

@@ -1,4 +1,5 @@
-"""The event contract, without servers: round trips, evolution, strict input."""
+"""The event contract: round trips, evolution, strict input (without servers,
+but for one append through a real writer)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import errors, events
+from broker.runtime import Broker
 
 SAMPLES: list[events.Event] = [
     events.RunStart(trace_id="t", model="m", started_by="alice"),
@@ -53,6 +55,28 @@ def test_stored_events_decode_across_evolution() -> None:
     older = b'{"type":"tool_call_start","run_id":"r","seq":1,"tool_call_id":"c","tool_name":"t"}'
     decoded = events.decode_stored(older)
     assert isinstance(decoded, events.ToolCallStart) and decoded.risk_level == "low"
+    # A value once admitted and now refused on append still decodes from the log.
+    retired = b'{"type":"run_end","run_id":"r","seq":9,"status":"waiting_approval"}'
+    assert events.decode_stored(retired) == events.RunEnd(
+        run_id="r", seq=9, status="waiting_approval"
+    )
+
+
+async def test_a_run_end_that_is_not_an_end_is_refused_on_append(broker: Broker) -> None:
+    session_id = await broker.store.create_session("alice")
+    run_id = await broker.store.create_run(session_id, "alice")
+    w = await broker.claim(run_id, "events-test")
+    await w.append(events.RunStart())
+    with pytest.raises(errors.InvalidEvent) as info:
+        await w.append(events.RunEnd(status="waiting_approval"))
+    assert info.value.code == "invalid_event"
+    with pytest.raises(errors.InvalidEvent):
+        await w.append_json(b'{"type":"run_end","status":"waiting_approval"}')
+    # Nothing was appended and the writer is intact: the run ends properly.
+    await w.append(events.RunEnd(status="completed"))
+    assert await w.flush() == 2
+    assert await broker.store.run_head(run_id) == (2, True)
+    assert (await broker.store.get_run(run_id)).status == "completed"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +85,7 @@ def test_stored_events_decode_across_evolution() -> None:
         (b"", "invalid_event"),
         (b"[]", "unknown_event_type"),
         (b'{"type":"run_end","status":"exploded"}', "invalid_event"),
+        (b'{"type":"run_end","status":"waiting_approval"}', "invalid_event"),  # not an end
         (b'{"type":"progress","done":"1"}', "invalid_event"),
         (b'{"type":42}', "unknown_event_type"),
     ],

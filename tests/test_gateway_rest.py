@@ -133,9 +133,10 @@ async def test_approvals_decided_once(gw: RunningGateway, http: aiohttp.ClientSe
     run_id = await _start(http, gw, sid, "alice")
     now = int(time.time() * 1000)
     live, old = ids.approval_id(), ids.approval_id()
-    await approvals.create(broker.store.pool, approval_id=live, run_id=run_id,
+    epoch = (await broker.store.get_run(run_id)).owner_epoch  # no worker here: 0
+    await approvals.create(broker.store.pool, approval_id=live, run_id=run_id, epoch=epoch,
                            tool_call_id="c1", summary="delete", expires_at_ms=now + 60_000)  # fmt: skip
-    await approvals.create(broker.store.pool, approval_id=old, run_id=run_id,
+    await approvals.create(broker.store.pool, approval_id=old, run_id=run_id, epoch=epoch,
                            tool_call_id="c2", summary="delete", expires_at_ms=now - 1)  # fmt: skip
     url = f"{gw.url}/v1/runs/{run_id}/approvals/"
 

@@ -232,8 +232,10 @@ async def test_concurrent_decisions_from_two_gateways_one_wins(
 
     for _ in range(5):
         aid = ids.approval_id()
-        await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, tool_call_id="c",
-                               summary="s", expires_at_ms=int(time.time() * 1000) + 60000)  # fmt: skip
+        # The run was never claimed (no worker here): its epoch is 0.
+        await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=0,
+                               tool_call_id="c", summary="s",
+                               expires_at_ms=int(time.time() * 1000) + 60000)  # fmt: skip
         async with ws_connect(http, gw, "ann") as a, ws_connect(http, gw2, "ben") as b:
             await asyncio.gather(
                 a.send(type="decide", ref="a", approval_id=aid, decision="approve"),

@@ -30,17 +30,17 @@ async def _run(
 ) -> str:
     run_id = await broker.store.create_run(session_id, "alice")
     w = await broker.claim(run_id, "prune-test")
+    if approval:  # created by the owner while the run is going
+        await approvals.create(
+            broker.store.pool, approval_id=f"ap_{run_id}", run_id=run_id, epoch=w.epoch,
+            tool_call_id="call_1", summary="send it?",
+            expires_at_ms=int(time.time() * 1000) + 60_000,
+        )  # fmt: skip
     for i in range(n):
         await w.append(text(i))
     if end:
         await w.append(events.RunEnd(status="completed"))
     await w.flush()
-    if approval:
-        await approvals.create(
-            broker.store.pool, approval_id=f"ap_{run_id}", run_id=run_id,
-            tool_call_id="call_1", summary="send it?",
-            expires_at_ms=int(time.time() * 1000) + 60_000,
-        )  # fmt: skip
     await broker.store.audit("alice", "interrupt", session_id=session_id, run_id=run_id)
     return run_id
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from broker import events
+from broker import approvals, events
 from broker.runtime import Broker
 from broker.settings import Settings
 
@@ -111,6 +111,92 @@ async def test_paused_worker_cannot_append_after_takeover(
         assert len(after) == head and isinstance(after[-1], events.RunEnd)
         assert await client.store.run_head(run_id) == (head, True)
         assert await paused.terminate() == 0  # still healthy: drains and exits
+    finally:
+        await paused.kill()
+
+
+async def test_paused_worker_writes_no_approval_after_takeover(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """A worker paused (SIGSTOP) with two runs: one waiting for an approval,
+    one whose approval create is on its way to PostgreSQL. Another worker
+    takes both over; only then does PostgreSQL run the create. It must be
+    refused there, by the statement itself (the paused worker can check
+    nothing), and the approval the new owner waits on must stay its own."""
+    paused = WorkerProcess(settings, tmp_path / "a.log")
+    # One connection, so the second create goes out on the connection the
+    # first one was prepared on: PostgreSQL then has the whole statement (not
+    # just its parse, after which the client still has to send the rest) and
+    # runs it as soon as the lock below lets it, with no word from the paused
+    # worker. (A write the worker would only send after SIGCONT never goes
+    # out: its lease task runs first on waking and cancels the run.)
+    paused.env["RUNLOG_DB_POOL_SIZE"] = "1"
+    await paused.start()
+    pool = client.store.pool
+    try:
+        _, waiting = await start(client, "send the report")
+        req = await wait_event(client, waiting, "approval_required")
+        assert isinstance(req, events.ApprovalRequired)
+
+        async with pool.acquire() as conn:
+            # Holds back every write to approvals (and nothing else).
+            hold = conn.transaction()
+            await hold.start()
+            held = True
+            try:
+                await conn.execute("LOCK TABLE approvals IN SHARE MODE")
+                _, creating = await start(client, "send the report")
+
+                async def create_sent() -> bool:
+                    return bool(
+                        await pool.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND query LIKE '%INSERT INTO approvals%'"
+                        )
+                    )
+
+                await wait_until(create_sent)
+                paused.signal(signal.SIGSTOP)
+                async with running_worker(settings, purge=False):
+
+                    async def taken_over() -> bool:
+                        return (await client.store.get_run(creating)).owner_epoch == 2
+
+                    await wait_until(taken_over)
+                    await hold.rollback()  # the zombie's create runs now
+                    held = False
+                    evs = await read_run(client, creating)  # ended by the new owner
+                    resumed = await wait_event(client, waiting, "status")
+                    assert isinstance(resumed, events.Status) and resumed.code == "resumed"
+                    paused.signal(signal.SIGCONT)
+
+                    async def noticed() -> bool:
+                        out = paused.output()
+                        return all(f"run {r}: cancelled (ownership lost" in out or
+                                   f"run {r}: ownership lost" in out
+                                   for r in (waiting, creating))  # fmt: skip
+
+                    await wait_until(noticed, timeout_s=30)
+                    await client.decide(req.approval_id, "approve", "bob", "ok")
+                    waiting_evs = await read_run(client, waiting)
+            finally:
+                if held:
+                    await hold.rollback()
+        # The run whose create was held: ended with worker_lost, no approval.
+        assert of(evs, events.RunError)[0].code == "worker_lost"
+        assert await approvals.open_for_run(pool, creating) == []
+        assert await client.store.run_head(creating) == (len(evs), True)
+        # The waiting one: its approval was decided by bob and acted on.
+        (stored,) = await approvals.open_for_run(pool, waiting)
+        assert (stored.approval_id, stored.decision, stored.decided_by) == (
+            req.approval_id, "approve", "bob",
+        )  # fmt: skip
+        (dec,) = of(waiting_evs, events.ApprovalDecided)
+        assert (dec.decision, dec.decided_by) == ("approve", "bob")
+        sent = [r for r in of(waiting_evs, events.ToolResult) if r.tool_call_id == req.tool_call_id]
+        assert [r.status for r in sent] == ["ok"]
+        assert waiting_evs[-1].status == "completed"  # type: ignore[union-attr]
+        assert await paused.terminate() == 0
     finally:
         await paused.kill()
 

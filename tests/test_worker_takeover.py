@@ -52,8 +52,8 @@ async def _dead_owner_waiting(b: Broker, *, logged: tuple[str, ...]) -> tuple[st
         at_seq=await w.flush(),
     )
     await approvals.create(
-        b.store.pool, approval_id=approval_id, run_id=run_id, tool_call_id=send.id,
-        summary="send it?", expires_at_ms=expires,
+        b.store.pool, approval_id=approval_id, run_id=run_id, epoch=w.epoch,
+        tool_call_id=send.id, summary="send it?", expires_at_ms=expires,
     )  # fmt: skip
     assert await b.store.save_checkpoint(run_id, w.epoch, encode_state(state), "waiting_approval")
     if "approval_required" in logged:

@@ -296,7 +296,8 @@ class Agent:
         if self.state.approval_id:
             # Ending while waiting: close the approval first, so that once
             # run_end is visible a late decision gets approval_expired.
-            await approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id)
+            # Fenced: if another worker owns the run now, StaleEpoch (we stop).
+            await approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id, ctx.writer.epoch)
         await ctx.append(last)
         await ctx.writer.flush()
         ctx.metrics.events_per_run.observe(ctx.writer.last_seq)

@@ -51,7 +51,9 @@ class TakeoverPlan(NamedTuple):
         metrics: WorkerMetrics,
         side_effect_tools: frozenset[str] = frozenset(),
     ) -> None:
-        await approvals.close_open_for_run(store.pool, writer.run_id)
+        # Fenced by our epoch: if yet another worker took the run meanwhile,
+        # StaleEpoch, and its approvals are left to it.
+        await approvals.close_open_for_run(store.pool, writer.run_id, writer.epoch)
         if self.stop is not None:
             by, at_ms, reason = self.stop
             at_seq = writer.last_seq

@@ -158,11 +158,14 @@ async def request_approval(
     state.approval_id = ids.approval_id()
     state.approval_expires_at = ctx.now_ms() + int(s.approval_timeout_s * 1000)
     state.approval_summary = tool.approval_summary(call.arguments)
+    # Fenced by the epoch like every write of ours: a worker that lost the run
+    # meanwhile gets StaleEpoch here and leaves no approval behind.
     await retry_transient(
         lambda: approvals.create(
             ctx.store.pool,
             approval_id=state.approval_id,
             run_id=ctx.run.run_id,
+            epoch=ctx.writer.epoch,
             tool_call_id=call.id,
             summary=state.approval_summary,
             expires_at_ms=state.approval_expires_at,
@@ -236,6 +239,7 @@ async def wait_and_record(
 async def _wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -> DecisionInfo:
     sig = ctx.signals
     pool = ctx.store.pool
+    w = ctx.writer
     poll_s = ctx.settings.approval_poll_s
     loop = asyncio.get_running_loop()
     next_poll = 0.0  # poll at once: the decision may already be stored
@@ -252,7 +256,8 @@ async def _wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) 
             return got
         try:
             if ctx.now_ms() >= expires_at_ms:
-                info = await approvals.expire(pool, approval_id)
+                # StaleEpoch (not caught here) if the run was taken over.
+                info = await approvals.expire(pool, approval_id, run_id=w.run_id, epoch=w.epoch)
                 if info.decision is not None:
                     return DecisionInfo(info.decision, info.decided_by or "system", info.comment)
                 next_poll = loop.time() + poll_s  # PostgreSQL's clock is behind ours
