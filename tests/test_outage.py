@@ -340,10 +340,10 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
     ):
         sid = await session_with(http, gw, "alice")
         async with _connected(make_settings(killable), "outage-setup") as b:
-            run_id, _ = await write_run(b, sid, 3, end=False)
+            run_id, owner = await write_run(b, sid, 3, end=False)
             aid = ids.approval_id()
             await approvals.create(b.store.pool, approval_id=aid, run_id=run_id,
-                                   tool_call_id="c1", summary="send it?",
+                                   epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
         sse = {"Accept": "text/event-stream"}
         table: list[tuple[str, str, dict[str, Any] | None, dict[str, str]]] = [
@@ -423,10 +423,10 @@ async def test_a_raw_connection_error_is_storage_unavailable_without_a_traceback
     try:
         async with running_gateway(settings, database_url=via_proxy) as gw:
             sid = await session_with(http, gw, "alice")
-            run_id, _ = await write_run(broker, sid, 1, end=False)
+            run_id, owner = await write_run(broker, sid, 1, end=False)
             aid = ids.approval_id()
             await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id,
-                                   tool_call_id="c1", summary="send it?",
+                                   epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
             caplog.clear()
             proxy.arm(b"UPDATE approvals")
@@ -446,7 +446,7 @@ async def test_a_raw_connection_error_is_storage_unavailable_without_a_traceback
         await proxy.stop()
     gateway_logs = [r for r in caplog.records if r.name.startswith("gateway")]
     assert [(r.levelno, r.exc_info) for r in gateway_logs] == [(logging.WARNING, None)]
-    assert "ConnectionDoesNotExistError" in gateway_logs[0].getMessage()
+    assert gateway_logs[0].getMessage().endswith("answered storage_unavailable")
 
 
 # The JS client's rules for error replies, against a fake socket in the
