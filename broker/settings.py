@@ -115,7 +115,11 @@ class Settings:
         "`*` allows any. Requests without an Origin header (non-browser clients) are allowed.",
     )
     sse_heartbeat_s: float = _opt(15.0, "Longest quiet time on an SSE stream before a comment (s).")
-    ws_heartbeat_s: float = _opt(15.0, "WebSocket ping interval; two missed pongs close it (s).")
+    ws_heartbeat_s: float = _opt(
+        15.0,
+        "WebSocket ping interval (s); a pong that has not come back within half of it "
+        "closes the connection (the client resumes).",
+    )
     ws_auth_timeout_s: float = _opt(
         10.0, "How long a WebSocket may stay unauthenticated before it is closed (s)."
     )

@@ -10,11 +10,14 @@ every test makes its own sessions and runs, whose ids are random.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -82,3 +85,54 @@ async def broker(settings: Settings) -> AsyncIterator[Broker]:
         yield b
     finally:
         await b.close()
+
+
+# -- the suite catches leaks by itself (as asyncpg's and aiohttp's test bases do)
+
+_LEAK_GRACE_S = 5.0  # teardown callbacks and closing sockets may take a moment
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+def _tcp_connections() -> set[tuple[object, object]]:
+    """This process's open TCP connections (its gateways' and clients' alike)."""
+    return {
+        (c.laddr, c.raddr)
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.status != psutil.CONN_LISTEN
+    }
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="session")
+async def no_leaks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Fails a test that leaves asyncio tasks running or TCP connections open
+    (checked after every fixture of the test is torn down; skipped when the
+    test failed already, so the first failure is the one reported)."""
+    tasks_before = asyncio.all_tasks()
+    conns_before = _tcp_connections()
+    yield
+    if request.node.stash.get(_CALL_FAILED, True):
+        return
+    me = asyncio.current_task()
+    deadline = time.monotonic() + _LEAK_GRACE_S
+    while True:
+        tasks = [t for t in asyncio.all_tasks() - tasks_before if t is not me and not t.done()]
+        conns = _tcp_connections() - conns_before
+        if (not tasks and not conns) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert not tasks, "tasks left running: " + ", ".join(
+        f"{t.get_name()} ({t.get_coro()!r})" for t in tasks
+    )
+    assert not conns, f"TCP connections left open: {sorted(map(str, conns))}"

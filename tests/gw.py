@@ -19,6 +19,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import auth
 from gateway.app import REGISTRY, build_app
+from gateway.context import GATEWAY
 
 
 @dataclasses.dataclass
@@ -62,6 +63,18 @@ async def running_gateway(settings: Settings, **overrides: Any) -> AsyncIterator
     gw = RunningGateway(f"http://127.0.0.1:{port}", s, runner, app)
     try:
         yield gw
+    except BaseException:
+        await gw.stop()
+        raise
+    # The test's clients are gone: so must be everything the gateway held for them.
+    state = app[GATEWAY]
+    try:
+        await eventually(lambda: not state.connections and state.hub.member_count == 0, 10)
+    except AssertionError:
+        raise AssertionError(
+            f"the gateway still holds {len(state.connections)} connection(s) and "
+            f"{state.hub.member_count} subscription(s) after the test"
+        ) from None
     finally:
         await gw.stop()
 

@@ -49,7 +49,7 @@ async def test_client_rest_and_follow(gw: RunningGateway, broker: Broker) -> Non
         try:
             await viewer.interrupt(run_id)
         except ClientError as e:
-            assert e.status == 403 and e.code in ("forbidden",)
+            assert (e.status, e.code) == (403, "forbidden")
         else:
             raise AssertionError("a viewer stopped a run")
 

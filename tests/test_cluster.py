@@ -29,7 +29,7 @@ from broker.embedded import ClusterSpec, NatsProcess, free_port
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from .helpers import assert_contiguous, text
+from .helpers import assert_contiguous, sample, text
 
 _RESUME_BOUND_S = 30.0  # generous: a slow 2-core box; the measured figure is printed
 
@@ -124,7 +124,7 @@ async def test_node_killed_mid_stream_loses_nothing(
         await append_for(1.5)
         assert got, "nothing delivered before the kill"
         killed_at_seq = seq
-        published_before = writer.metrics.published_messages._value.get()
+        published_before = sample(writer.metrics, "runlog_publish_messages_total")
         t_kill = time.monotonic()
         victim.kill()
 
@@ -134,7 +134,7 @@ async def test_node_killed_mid_stream_loses_nothing(
             await append_for(0.5)
         await append_for(1.0)
         # The writer's live publishes are acknowledged again (by the new leader).
-        while writer.metrics.published_messages._value.get() == published_before:
+        while sample(writer.metrics, "runlog_publish_messages_total") == published_before:
             assert time.monotonic() < deadline, "no live publish acknowledged since the kill"
             await asyncio.sleep(0.05)
         await w.append(events.RunEnd(status="completed"))

@@ -120,7 +120,7 @@ async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> Non
     from prometheus_client import CollectorRegistry
 
     from broker.settings import Settings
-    from gateway.connection import Connection
+    from gateway.connection import Connection, State
     from gateway.metrics import GatewayMetrics
 
     written: list[bytes] = []
@@ -134,8 +134,14 @@ async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> Non
     class Capture(Connection):
         kind = "ws"
 
+        def transport(self) -> None:
+            return None
+
         async def send(self, items: list[Item]) -> None:
             written.extend(it.render() for it in items)
+
+        async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
+            pass
 
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
@@ -156,3 +162,6 @@ async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> Non
     assert registry.get_sample_value("runlog_gateway_dropped_progress_events_total") == 1
     assert metrics.frames_queued["ws"] == 2 and conn.queue.nbytes == 0
     assert conn in host.connections  # registered until its teardown ends
+    await conn.close(None)  # the writer task that queueing started ends with it
+    assert conn.state is State.CLOSED and conn not in host.connections
+    assert registry.get_sample_value("runlog_gateway_connections", {"kind": "ws"}) == 0

@@ -11,6 +11,7 @@ from broker import errors, events
 from broker.settings import Settings
 from workers.state import decode_state
 
+from .helpers import sample
 from .workerkit import of, read_run, running_worker, start, text_of, wait_event
 
 
@@ -38,8 +39,8 @@ async def test_approve_and_deny(settings: Settings) -> None:
         assert (await b.store.get_run(approved)).status == "completed"
         assert await b.store.load_checkpoint(approved) is None
     assert w.metrics is not None
-    assert w.metrics.approvals.labels("approve")._value.get() == 1
-    assert w.metrics.approvals.labels("reject")._value.get() == 1
+    assert sample(w.metrics, "runlog_worker_approvals_total", outcome="approve") == 1
+    assert sample(w.metrics, "runlog_worker_approvals_total", outcome="reject") == 1
 
     (dec,) = of(a_evs, events.ApprovalDecided)
     assert (dec.decision, dec.decided_by, dec.comment) == ("approve", "bob", "go ahead")
@@ -69,7 +70,10 @@ async def test_expired_approval_skips_the_tool_and_the_run_goes_on(settings: Set
     assert [(r.status, r.summary) for r in skipped] == [("skipped", "approval expired")]
     assert "Nobody approved in time" in text_of(evs)
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
-    assert w.metrics is not None and w.metrics.approvals.labels("expired")._value.get() == 1
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_approvals_total", outcome="expired") == 1
+    )
 
 
 async def test_two_approvers_racing_make_one_decision(settings: Settings) -> None:

@@ -13,6 +13,7 @@ from broker import approvals, events
 from broker.runtime import Broker
 from broker.settings import Settings
 
+from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
@@ -56,7 +57,10 @@ async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(
     await client.decide(req.approval_id, "approve", "bob", "ok")
     async with running_worker(settings, purge=False) as (_, w):
         evs = await read_run(client, run_id)
-    assert w.metrics is not None and w.metrics.takeovers.labels("resumed")._value.get() >= 1
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
     assert [s.code for s in of(evs, events.Status)] == ["resumed"]
     (dec,) = of(evs, events.ApprovalDecided)
     assert (dec.approval_id, dec.decision, dec.decided_by) == (req.approval_id, "approve", "bob")
@@ -78,7 +82,10 @@ async def test_kill_9_mid_stream_fails_the_run_cleanly(
         await doomed.kill()
     async with running_worker(settings, purge=False) as (_, w):
         evs = await read_run(client, run_id)  # contiguous, each seq once
-    assert w.metrics is not None and w.metrics.takeovers.labels("failed")._value.get() >= 1
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="failed") == 1
+    )
     err, end = evs[-2], evs[-1]
     assert isinstance(err, events.RunError) and (err.code, err.retryable) == ("worker_lost", True)
     assert isinstance(end, events.RunEnd) and end.status == "failed"
@@ -234,6 +241,9 @@ async def test_sigterm_drains_releases_waiting_runs_and_ends_streaming_ones(
     async with running_worker(settings, purge=False) as (_, w):
         await client.decide(req.approval_id, "reject", "bob")  # type: ignore[union-attr]
         evs = await read_run(client, waiting, timeout_s=60)
-    assert w.metrics is not None and w.metrics.takeovers.labels("resumed")._value.get() >= 1
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
     assert of(evs, events.ApprovalDecided)[0].decision == "reject"
     assert evs[-1].status == "completed"  # type: ignore[union-attr]

@@ -12,6 +12,7 @@ from broker.settings import Settings
 from workers.adapters.openai import OpenAIAdapter
 
 from .fakes.providers import FakeProvider, slow_tokens
+from .helpers import sample
 from .workerkit import of, purge_jobs, read_run, running_worker, start, text_of, wait_event
 
 
@@ -45,8 +46,8 @@ async def test_stop_mid_token_keeps_the_partial_text(settings: Settings) -> None
     assert partial and len(partial.split()) < 2000  # stopped early, kept what streamed
     assert w.metrics is not None
     assert w.metrics.abort_propagation._sum.get() > 0
-    assert w.metrics.partial_persist._value.get() == 1
-    assert w.metrics.runs.labels("aborted")._value.get() == 1
+    assert sample(w.metrics, "runlog_worker_partial_persist_total") == 1
+    assert sample(w.metrics, "runlog_worker_runs_total", outcome="aborted") == 1
 
 
 async def test_stop_closes_the_provider_connection(settings: Settings) -> None:

@@ -15,6 +15,7 @@ from broker.store import Ownership
 from workers.model import Message, ToolCall
 from workers.state import AgentState, encode_state
 
+from .helpers import sample
 from .workerkit import of, purge_jobs, read_run, running_worker, wait_event
 
 
@@ -95,7 +96,10 @@ async def test_takeover_resumes_each_approval_window(
             assert req.approval_id == approval_id and req.seq > state.at_seq
             await b.decide(approval_id, "approve", "bob")
         evs = await read_run(b, run_id)
-    assert w.metrics is not None and w.metrics.takeovers.labels("resumed")._value.get() == 1
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
     assert len(of(evs, events.ApprovalRequired)) == 1
     (dec,) = of(evs, events.ApprovalDecided)
     assert (dec.decision, dec.decided_by) == ("approve", "bob")
@@ -117,7 +121,10 @@ async def test_takeover_after_the_tool_started_fails_the_run(settings: Settings)
         await w2.flush()
         await _die(b, run_id)
         evs = await read_run(b, run_id)
-    assert w.metrics is not None and w.metrics.takeovers.labels("failed")._value.get() == 1
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="failed") == 1
+    )
     assert of(evs, events.RunError)[0].code == "worker_lost"
     assert not [r for r in of(evs, events.ToolResult) if r.tool_call_id == "call_2_0"]
 
