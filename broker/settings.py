@@ -3,7 +3,8 @@
 This is the only module that reads the environment. Every setting has an
 environment variable (`RUNLOG_<NAME>`) and a CLI flag (`--name-with-dashes`);
 a flag wins over the variable, the variable over the default. `runlog
-settings` prints the table below; docs/configuration.md is generated from it.
+settings` prints the table below; `runlog settings --markdown` writes
+docs/configuration.md from it.
 """
 
 from __future__ import annotations
@@ -276,6 +277,28 @@ class Settings:
             )
             for f in dataclasses.fields(cls)
         ]
+
+
+_MARKDOWN_HEAD = """# Configuration
+
+Every setting of every runlog process, generated from `broker/settings.py` by
+`runlog settings --markdown > docs/configuration.md` (a test checks that this
+page is current). A setting is read from its environment variable, or from
+its flag on the command line (the flag wins); the default applies otherwise.
+`runlog up` passes its settings on to the processes it starts.
+
+| variable | flag | default | meaning |
+|---|---|---|---|
+"""
+
+
+def markdown() -> str:
+    """The settings table as docs/configuration.md holds it."""
+    rows = []
+    for env, flag, default, doc in Settings.table():
+        shown = f"`{default}`" if default else "(empty)"
+        rows.append(f"| `{env}` | `{flag}` | {shown} | {doc.replace('|', '/')} |\n")
+    return _MARKDOWN_HEAD + "".join(rows)
 
 
 def _convert(f: dataclasses.Field[Any], raw: str) -> Any:

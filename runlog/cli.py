@@ -81,14 +81,20 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     Settings.add_arguments(pr)
 
-    sub.add_parser("settings", help="print every setting (variable, flag, default)")
+    st = sub.add_parser("settings", help="print every setting (variable, flag, default)")
+    st.add_argument("--markdown", action="store_true", help="as the table of docs/configuration.md")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "settings":
-        _print_settings()
+        if args.markdown:
+            from broker.settings import markdown
+
+            print(markdown(), end="")
+        else:
+            _print_settings()
         return
     settings = Settings.from_args(args)
     logging.basicConfig(
