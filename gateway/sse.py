@@ -45,7 +45,6 @@ class SseClient(Connection):
         self.request = request
         self.resp = resp
         self._key = ""
-        self._ended = False  # the run's end was queued
         self._closing = asyncio.Event()
         self._last_write = asyncio.get_running_loop().time()
 
