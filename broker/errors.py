@@ -155,6 +155,17 @@ class BusUnavailable(StorageError):
     code = "bus_unavailable"
 
 
+class PortInUse(ClientError):
+    """A port this process must listen on is taken: the deployment's fault, told
+    in one line with the setting that moves it (`runlog` exits 2)."""
+
+    code = "port_in_use"
+
+    def __init__(self, port: int, what: str, setting: str) -> None:
+        env, flag = "RUNLOG_" + setting.upper(), "--" + setting.replace("_", "-")
+        super().__init__(f"port {port} is in use ({what}); stop what uses it or set {env} / {flag}")
+
+
 class MigrationError(RunlogError):
     code = "migration_failed"
 

@@ -173,7 +173,9 @@ class Settings:
         "session is still active (session run policy 'enqueue') (s).",
     )
     worker_metrics_port: int = _opt(
-        0, "Port of the worker's /metrics and /healthz endpoint; 0: off."
+        0,
+        "Port of the worker's /metrics and /healthz endpoint (on gateway_host); 0: a free "
+        "port, printed on the worker's `ready` line (`runlog up` prints each worker's).",
     )
     drain_timeout_s: float = _opt(
         20.0,

@@ -1,5 +1,7 @@
 """`runlog gateway`: serve the app until SIGTERM/SIGINT, then drain.
 
+A port already in use is `port_in_use` (one line, exit 2), not a traceback.
+
 Drain: stop accepting connections, tell every client to resume elsewhere
 (code `server_draining` with its cursors), wait for them to go (at most
 `gateway_drain_s`), close.
@@ -8,11 +10,13 @@ Drain: stop accepting connections, tell every client to resume elsewhere
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 
 from aiohttp import web
 
+from broker import errors
 from broker.settings import Settings
 
 from .app import build_app
@@ -30,7 +34,13 @@ async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = F
     site = web.TCPSite(
         runner, settings.gateway_host, settings.gateway_port, reuse_port=reuse_port or None
     )
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        if e.errno == errno.EADDRINUSE:
+            raise errors.PortInUse(settings.gateway_port, "gateway", "gateway_port") from e
+        raise
     log.info("gateway listening on http://%s:%s", settings.gateway_host, settings.gateway_port)
     try:
         await stop.wait()

@@ -1,7 +1,8 @@
 """`runlog`: one command, one subcommand per process kind.
 
 runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
-                  the worker(s) and gateway(s); Ctrl-C stops everything
+                  the worker(s) and gateway(s), restarted if they die;
+                  Ctrl-C stops everything
 runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
 runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
 runlog worker     a worker: takes run jobs, executes runs (--concurrency N)

@@ -5,10 +5,21 @@ the data folder, unless RUNLOG_NATS_URL / RUNLOG_DATABASE_URL point at
 external ones; applies migrations; creates the JetStream streams; then runs
 `--workers N` worker processes and `--gateways M` gateway processes (gateway
 k listens on gateway_port + k: consecutive ports, so each can be reached,
-killed and drained on its own; with worker_metrics_port set, worker k serves
-/metrics on worker_metrics_port + k). Prints every URL, and a console link that
-signs you in with a short-lived development token. On Ctrl-C or SIGTERM it
-drains the gateways and workers (SIGTERM), then stops PostgreSQL and NATS.
+killed and drained on its own). Every worker serves /metrics: worker k on
+worker_metrics_port + k, or, when that is 0 (the default), on a free port
+picked here. It prints every URL, each process's pid and port, and a console
+link that signs you in with a short-lived development token.
+
+Every port it needs is checked before anything starts: a busy one is one line
+naming it and the setting that moves it (`port_in_use`, exit 2).
+
+The children are supervised (runlog/supervisor.py): one that dies is
+restarted with backoff and a line says so; a Ctrl-C or SIGTERM drains the
+gateways and workers (SIGTERM), then stops PostgreSQL and NATS. If `runlog
+up` itself is killed, nothing it started lives on: every child and both
+servers are spawned with PR_SET_PDEATHSIG (Linux), so the kernel kills the
+workers and gateways and has PostgreSQL and NATS shut down, and the next
+`runlog up` starts on the same data folder and ports.
 """
 
 from __future__ import annotations
@@ -17,41 +28,42 @@ import asyncio
 import dataclasses
 import logging
 import os
-import signal
-import sys
 
-from broker import migrate
-from broker.embedded import NatsProcess, PostgresProcess
+from broker import errors, migrate
+from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, free_port, port_is_free
 from broker.runtime import Broker
 from broker.settings import Settings
 
 from .cli import install_stop_signals
+from .supervisor import ChildSpec, StartFailed, Supervisor
 
 log = logging.getLogger("runlog.up")
 
 _CHILD_STOP_S = 30.0
+_READY_S = 60.0
 
 
 async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> None:
+    check_ports(settings, workers=workers, gateways=gateways)
     stop = asyncio.Event()
     install_stop_signals(stop)
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     servers: list[NatsProcess | PostgresProcess] = []
-    children: list[tuple[str, asyncio.subprocess.Process]] = []
+    supervisor = Supervisor(stop_timeout_s=_CHILD_STOP_S)
     try:
-        nats_url = settings.nats_url
+        nats_url, nats_pid = settings.nats_url, None
         if not nats_url:
             nats = NatsProcess(data_dir / "nats", port=settings.embedded_nats_port)
             await nats.start()
             servers.append(nats)
-            nats_url = nats.url
-        database_url = settings.database_url
+            nats_url, nats_pid = nats.url, nats.pid
+        database_url, pg_pid = settings.database_url, None
         if not database_url:
             pg = PostgresProcess(data_dir / "postgres", port=settings.embedded_postgres_port)
             await pg.start()
             servers.append(pg)
-            database_url = pg.url
+            database_url, pg_pid = pg.url, pg.pid
         settings = dataclasses.replace(settings, nats_url=nats_url, database_url=database_url)
         applied = await migrate.apply(database_url)
         log.info("migrations applied: %d", len(applied))
@@ -59,57 +71,117 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         await broker.close()
 
         env = {**os.environ, **_env(settings)}
-        worker_metrics = []
-        for i in range(workers):
-            wenv = env
-            if settings.worker_metrics_port:
-                # Like the gateways: worker k serves /metrics on worker_metrics_port + k.
-                port = settings.worker_metrics_port + i
-                wenv = {**env, "RUNLOG_WORKER_METRICS_PORT": str(port)}
-                worker_metrics.append(f"http://{settings.gateway_host}:{port}/metrics")
-            children.append((f"worker {i + 1}", await _spawn(["worker"], wenv)))
-        urls = [
-            f"http://{settings.gateway_host}:{settings.gateway_port + i}" for i in range(gateways)
-        ]
+        host = settings.gateway_host
+        worker_ports = _worker_metrics_ports(settings, workers)
+        for i, port in enumerate(worker_ports):
+            await supervisor.start(
+                ChildSpec(
+                    name=f"worker {i + 1}",
+                    args=["worker"],
+                    env={**env, "RUNLOG_WORKER_METRICS_PORT": str(port)},
+                    port=f"metrics port {port}",
+                    ready_url=f"http://{host}:{port}/healthz",
+                )
+            )
+        urls = [f"http://{host}:{settings.gateway_port + i}" for i in range(gateways)]
         # A console served by one gateway fails over to the others: each allows
         # the others' origins (WebSocket Origin check and CORS).
         origins = ",".join(
             o for o in [settings.allowed_origins, *urls, *_localhost_aliases(urls)] if o
         )
-        for i in range(gateways):
+        for i, url in enumerate(urls):
             port = settings.gateway_port + i
-            genv = {**env, "RUNLOG_GATEWAY_PORT": str(port), "RUNLOG_ALLOWED_ORIGINS": origins}
-            children.append((f"gateway :{port}", await _spawn(["gateway"], genv)))
-        await _wait_ready(urls, children)
+            await supervisor.start(
+                ChildSpec(
+                    name=f"gateway {i + 1}",
+                    args=["gateway"],
+                    env={
+                        **env,
+                        "RUNLOG_GATEWAY_PORT": str(port),
+                        "RUNLOG_ALLOWED_ORIGINS": origins,
+                    },
+                    port=f"port {port}",
+                    ready_url=url + "/readyz",
+                )
+            )
+        try:
+            await supervisor.wait_up(_READY_S)
+        except StartFailed as e:
+            raise SystemExit(f"runlog up: {e}; its output is above") from None
 
         from gateway import auth
 
         token = auth.mint(settings, "you", ttl_s=12 * 3600)
-        print("runlog is up", flush=True)
         failover = f"&gateways={','.join(urls)}" if len(urls) > 1 else ""
-        print(f"  console:     {urls[0]}/#token={token}{failover}", flush=True)
-        for u in urls:
-            print(f"  gateway:     {u}  (REST {u}/v1, WebSocket {u.replace('http', 'ws')}/v1/ws,"
-                  f" metrics {u}/metrics)", flush=True)  # fmt: skip
-        print(f"  workers:     {workers}", flush=True)
-        for u in worker_metrics:
-            print(f"  worker metrics: {u}", flush=True)
-        if not worker_metrics:
-            print("  (worker /metrics is off: set RUNLOG_WORKER_METRICS_PORT)", flush=True)
-        print(f"  NATS:        {nats_url}", flush=True)
-        print(f"  PostgreSQL:  {database_url}", flush=True)
-        print(f"  data folder: {data_dir}", flush=True)
-        print("The console link signs you in as 'you' for 12 h. Ctrl-C stops everything.",
-              flush=True)  # fmt: skip
-        await _watch(stop, children)
+        _say("runlog is up")
+        _say(_row("console", f"{urls[0]}/#token={token}{failover}"))
+        for i, u in enumerate(urls):
+            pid = supervisor.pid(f"gateway {i + 1}")
+            ws = u.replace("http", "ws", 1)
+            _say(_row(f"gateway {i + 1}", f"{u}  pid {pid}  (REST {u}/v1, WebSocket {ws}/v1/ws,"
+                                          f" metrics {u}/metrics)"))  # fmt: skip
+        for i, port in enumerate(worker_ports):
+            pid = supervisor.pid(f"worker {i + 1}")
+            _say(_row(f"worker {i + 1}", f"pid {pid}  metrics http://{host}:{port}/metrics"))
+        _say(_row("NATS", _server(nats_url, nats_pid)))
+        _say(_row("PostgreSQL", _server(database_url, pg_pid)))
+        _say(_row("data folder", str(data_dir)))
+        _say("The console link signs you in as 'you' for 12 h. A process that dies is restarted;"
+             " Ctrl-C stops everything.")  # fmt: skip
+        await stop.wait()
     finally:
-        await _stop_children(children)
+        await supervisor.stop()
         for server in reversed(servers):
             try:
                 await server.stop()
             except Exception:
                 log.exception("could not stop %s", type(server).__name__)
-        print("runlog stopped", flush=True)
+        _say("runlog stopped")
+
+
+def check_ports(settings: Settings, *, workers: int, gateways: int) -> None:
+    """PortInUse for the first port `runlog up` needs that is taken (or given twice)."""
+    wanted: list[tuple[str, int, str, str]] = []  # host, port, what, setting
+    if not settings.nats_url and settings.embedded_nats_port:
+        wanted.append(
+            (LOOPBACK, settings.embedded_nats_port, "embedded NATS", "embedded_nats_port")
+        )
+    if not settings.database_url and settings.embedded_postgres_port:
+        port = settings.embedded_postgres_port
+        wanted.append((LOOPBACK, port, "embedded PostgreSQL", "embedded_postgres_port"))
+    host = settings.gateway_host
+    for i in range(gateways):
+        wanted.append((host, settings.gateway_port + i, f"gateway {i + 1}", "gateway_port"))
+    if settings.worker_metrics_port:
+        for i in range(workers):
+            port = settings.worker_metrics_port + i
+            wanted.append((host, port, f"worker {i + 1} metrics", "worker_metrics_port"))
+    taken: dict[int, str] = {}
+    for host, port, what, setting in wanted:
+        if port in taken:
+            raise errors.PortInUse(port, f"{taken[port]} and {what} both want it", setting)
+        taken[port] = what
+        if not port_is_free(port, host):
+            raise errors.PortInUse(port, what, setting)
+
+
+def _worker_metrics_ports(settings: Settings, workers: int) -> list[int]:
+    """worker_metrics_port + k for worker k, or a free port each when it is 0."""
+    if settings.worker_metrics_port:
+        return [settings.worker_metrics_port + i for i in range(workers)]
+    return [free_port() for _ in range(workers)]
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _row(label: str, value: str) -> str:
+    return f"  {label + ':':<13}{value}"
+
+
+def _server(url: str, pid: int | None) -> str:
+    return f"{url}  pid {pid}" if pid is not None else f"{url}  (external)"
 
 
 def _localhost_aliases(urls: list[str]) -> list[str]:
@@ -129,55 +201,3 @@ def _env(settings: Settings) -> dict[str, str]:
     for f in dataclasses.fields(settings):
         out["RUNLOG_" + f.name.upper()] = str(getattr(settings, f.name))
     return out
-
-
-async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(sys.executable, "-m", "runlog.cli", *args, env=env)
-
-
-async def _wait_ready(
-    urls: list[str], children: list[tuple[str, asyncio.subprocess.Process]]
-) -> None:
-    import aiohttp
-
-    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
-        for url in urls:
-            while True:
-                for name, p in children:
-                    if p.returncode is not None:
-                        raise SystemExit(f"runlog up: {name} exited with {p.returncode}")
-                try:
-                    async with http.get(url + "/readyz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-
-
-async def _watch(
-    stop: asyncio.Event, children: list[tuple[str, asyncio.subprocess.Process]]
-) -> None:
-    """Wait for Ctrl-C; if a child dies meanwhile, say so and stop everything."""
-    waits = {asyncio.ensure_future(p.wait()): name for name, p in children}
-    stopper = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait([stopper, *waits], return_when=asyncio.FIRST_COMPLETED)
-    for d in done:
-        if d in waits:
-            print(f"runlog up: {waits[d]} exited with {d.result()}; stopping", flush=True)
-    stopper.cancel()
-    for w in waits:
-        w.cancel()
-
-
-async def _stop_children(children: list[tuple[str, asyncio.subprocess.Process]]) -> None:
-    for _, p in children:
-        if p.returncode is None:
-            p.send_signal(signal.SIGTERM)
-    for name, p in children:
-        try:
-            await asyncio.wait_for(p.wait(), _CHILD_STOP_S)
-        except TimeoutError:
-            log.warning("%s did not stop in %.0fs; killing it", name, _CHILD_STOP_S)
-            p.kill()
-            await p.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -15,10 +16,11 @@ from typing import TypeVar
 
 import asyncpg
 import nats
+import psutil
 import pytest
 from nats.js.api import StorageType
 
-from broker.embedded import ClusterSpec, NatsProcess, PostgresProcess, free_port
+from broker.embedded import ClusterSpec, NatsProcess, PostgresProcess, free_port, port_is_free
 
 T = TypeVar("T")
 
@@ -195,3 +197,56 @@ async def test_postgres_as_root_runs_as_system_user(data_root: Path) -> None:
         status = read_lines(Path(f"/proc/{pg.pid}/status"))
         uid_line = next(line for line in status if line.startswith("Uid:"))
         assert int(uid_line.split()[1]) == pwd.getpwnam("runlog-pg").pw_uid
+
+
+def _gone(p: psutil.Process) -> bool:
+    """Exited; a zombie has let go of everything, so it counts as gone."""
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# A parent that starts one server, says its pid and port, and waits to be killed.
+_PARENT = """
+import asyncio, sys
+from pathlib import Path
+from broker.embedded import NatsProcess, PostgresProcess
+
+async def main():
+    kind = {"nats": NatsProcess, "postgres": PostgresProcess}[sys.argv[1]]
+    server = kind(Path(sys.argv[2]))
+    await server.start()
+    print(server.pid, server.port, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["nats", "postgres"])
+async def test_a_server_stops_when_its_parent_is_sigkilled(kind: str, data_root: Path) -> None:
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PARENT, kind, str(data_root / kind),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        pid_s, port_s = (await asyncio.wait_for(parent.stdout.readline(), 60)).split()
+        server = psutil.Process(int(pid_s))
+        parent.kill()
+        await parent.wait()
+        # The kernel tells the server; it shuts down by itself (PostgreSQL: a
+        # fast shutdown, so its data folder is clean) and lets go of its port.
+        async with asyncio.timeout(15):
+            while not _gone(server):
+                await asyncio.sleep(0.05)
+        assert port_is_free(int(port_s))
+    finally:
+        if parent.returncode is None:
+            parent.kill()
+            await parent.wait()
+    if kind == "postgres":
+        log = (data_root / kind / "postgres.log").read_text()
+        assert "received fast shutdown request" in log
+        assert "database system is shut down" in log

@@ -1,13 +1,20 @@
 """The worker's small HTTP endpoint: /metrics (Prometheus) and /healthz.
 
-/healthz answers 200 while the worker takes jobs and 503 once it drains, so
-an orchestrator stops counting it as ready.
+/healthz answers 200 while the worker takes jobs, 503 before it started and
+once it drains, so an orchestrator counts it as ready only in between. It
+listens before the worker starts, so a busy port (`port_in_use`, one line, not
+a traceback) fails the process before it took any job. Port 0 binds a free port
+chosen by the kernel (no race with another process); `bound_port` tells which.
 """
 
 from __future__ import annotations
 
+import errno
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from broker import errors
 
 from .worker import Worker
 
@@ -21,19 +28,33 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _healthz(request: web.Request) -> web.Response:
     w = request.app[_WORKER]
-    status = "draining" if w.draining else "ok"
+    # `metrics` is set by Worker.start(): None means not started yet.
+    status = "starting" if w.metrics is None else "draining" if w.draining else "ok"
     return web.json_response(
         {"status": status, "worker_id": w.worker_id, "runs": len(w.active_runs)},
-        status=503 if w.draining else 200,
+        status=200 if status == "ok" else 503,
     )
 
 
 async def start_http(worker: Worker, host: str, port: int) -> web.AppRunner:
+    """Serve /metrics and /healthz on `host`:`port` (see `bound_port`)."""
     app = web.Application()
     app[_WORKER] = worker
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        if e.errno == errno.EADDRINUSE:
+            raise errors.PortInUse(port, "worker metrics", "worker_metrics_port") from e
+        raise
     return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port `start_http` really listens on (the kernel's pick for port 0)."""
+    port: int = runner.addresses[0][1]
+    return port

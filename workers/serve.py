@@ -1,4 +1,9 @@
-"""`runlog worker`: one worker process, until SIGTERM/SIGINT, then drain."""
+"""`runlog worker`: one worker process, until SIGTERM/SIGINT, then drain.
+
+Every worker serves /metrics and /healthz (workers/http.py): on
+`worker_metrics_port`, or, when that is 0 (the default), on a free port the
+kernel picks, printed on the `ready` line so whoever started it can scrape it.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from broker import errors
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from .http import start_http
+from .http import bound_port, start_http
 from .worker import Worker
 
 log = logging.getLogger("runlog.worker")
@@ -30,10 +35,10 @@ async def serve(settings: Settings, stop: asyncio.Event, *, concurrency: int | N
     worker = Worker(broker, settings, concurrency=concurrency, registry=registry)
     runner: web.AppRunner | None = None
     try:
+        runner = await start_http(worker, settings.gateway_host, settings.worker_metrics_port)
         await worker.start()
-        if settings.worker_metrics_port:
-            runner = await start_http(worker, settings.gateway_host, settings.worker_metrics_port)
-        print(f"runlog worker {worker.worker_id} ready", flush=True)
+        url = f"http://{settings.gateway_host}:{bound_port(runner)}/metrics"
+        print(f"runlog worker {worker.worker_id} ready; metrics {url}", flush=True)
         await stop.wait()
         log.info("stopping: draining")
     finally:

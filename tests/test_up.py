@@ -1,0 +1,421 @@
+"""`runlog up` as a real process: it supervises its children, takes them down
+with it, names a busy port, and prints every child's pid and port.
+
+One `runlog up --gateways 2` serves the tests of this module (a stack takes
+seconds to start); the test that SIGKILLs it starts it again on the same data
+folder and ports, so every test finds it running whatever the order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+import pytest_asyncio
+
+from broker.embedded import LOOPBACK, free_port
+from broker.settings import Settings
+from gateway import auth
+from runlog.client import Client
+from runlog.supervisor import RestartBackoff, describe_exit
+
+from .procs import RunlogProcess
+
+# Fast enough to keep the tests short, slow enough that the `long` run
+# (2,000 tokens) streams for several seconds: a gateway dies mid-stream.
+TOKENS_PER_S = 250
+UP_READY_S = 120.0  # first start: initdb, migrations, children
+
+
+def _consecutive_free_ports(n: int) -> int:
+    """A port p with p .. p+n-1 free right now (gateways take consecutive ports)."""
+    while True:
+        base = free_port()
+        if base + n <= 65535 and all(_port_free(base + i) for i in range(1, n)):
+            return base
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def _listener_pid(port: int) -> int | None:
+    """The pid of the process listening on 127.0.0.1:`port`, if any."""
+    for c in psutil.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return c.pid
+    return None
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running; a zombie has let go of everything, so it counts as gone."""
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+async def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of `procs` still alive after waiting up to `timeout_s` for all to go."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (alive := _alive(procs)) and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    return alive
+
+
+def _clean_env(**env: str) -> dict[str, str]:
+    # Without RUNLOG_* from outside (an external NATS/PostgreSQL for the suite,
+    # say) `runlog up` runs its embedded servers, which is what is tested here.
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RUNLOG_")}
+    return {**base, "PYTHONUNBUFFERED": "1", **env}
+
+
+class Up:
+    """`python -m runlog.cli up --gateways N` on a data folder and ports of its own."""
+
+    def __init__(self, data_dir: Path, gateways: int = 2) -> None:
+        self.data_dir = data_dir
+        self.gateways = gateways
+        self.gateway_port = _consecutive_free_ports(gateways)
+        self.env = _clean_env(
+            RUNLOG_DATA_DIR=str(data_dir),
+            RUNLOG_GATEWAY_PORT=str(self.gateway_port),
+            RUNLOG_EMBEDDED_NATS_PORT=str(free_port()),
+            RUNLOG_EMBEDDED_POSTGRES_PORT=str(free_port()),
+            RUNLOG_SCRIPTED_TOKENS_PER_S=str(TOKENS_PER_S),
+        )
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[str] = []  # stdout of `runlog up` and its children
+        self.errors: list[str] = []  # their stderr
+        self._changed = asyncio.Event()
+        self._readers: list[asyncio.Task[None]] = []
+        self._seen: list[psutil.Process] = []  # every descendant ever seen, for cleanup
+
+    def url(self, k: int) -> str:
+        """Gateway k (1-based)."""
+        return f"http://{LOOPBACK}:{self.gateway_port + k - 1}"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(k) for k in range(1, self.gateways + 1)]
+
+    async def start(self) -> None:
+        self.lines.clear()
+        self.errors.clear()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runlog.cli", "up", "--gateways", str(self.gateways),
+            env=self.env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._readers = [
+            asyncio.create_task(self._read(self.proc.stdout, self.lines)),
+            asyncio.create_task(self._read(self.proc.stderr, self.errors)),
+        ]
+        await self.wait_line(r"^runlog is up$", UP_READY_S)
+        self.remember_descendants()
+
+    async def _read(self, stream: asyncio.StreamReader, into: list[str]) -> None:
+        # The children share these pipes: EOF only once the last of them is gone.
+        async for raw in stream:
+            into.append(raw.decode(errors="replace").rstrip("\n"))
+            self._changed.set()
+
+    async def wait_line(self, pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
+        """The first stdout line matching `pattern` (already printed or to come)."""
+        rx = re.compile(pattern)
+        async with asyncio.timeout(timeout_s):
+            while True:
+                self._changed.clear()
+                for line in self.lines:
+                    if m := rx.search(line):
+                        return m
+                assert self.proc is not None
+                if self.proc.returncode is not None:
+                    raise AssertionError(f"runlog up exited {self.proc.returncode}: {self.tail()}")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):  # also notice the exit above
+                        await self._changed.wait()
+
+    def pid_now(self, name: str, printed: int) -> int:
+        """The pid of child `name`: `printed` at start, or the last restart's."""
+        rx = re.compile(rf"^runlog up: {name} \(.*as pid (\d+)$")
+        restarts = [int(m.group(1)) for line in self.lines if (m := rx.search(line))]
+        return restarts[-1] if restarts else printed
+
+    def tail(self) -> str:
+        return "\n".join(["-- stdout", *self.lines[-40:], "-- stderr", *self.errors[-40:]])
+
+    def descendants(self) -> list[psutil.Process]:
+        assert self.proc is not None
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def remember_descendants(self) -> None:
+        known = {p.pid for p in self._seen}
+        self._seen += [p for p in self.descendants() if p.pid not in known]
+
+    async def kill_up(self) -> None:
+        """SIGKILL `runlog up` itself, nothing else."""
+        assert self.proc is not None
+        self.proc.kill()
+        await self.wait_exit(15.0)
+
+    async def wait_exit(self, timeout_s: float) -> int:
+        # Not proc.wait(): on Python 3.11 it also waits for EOF on the pipes,
+        # which the children hold as long as they live.
+        assert self.proc is not None
+        async with asyncio.timeout(timeout_s):
+            while self.proc.returncode is None:
+                await asyncio.sleep(0.05)
+        return self.proc.returncode
+
+    async def close_readers(self) -> None:
+        for t in self._readers:
+            t.cancel()
+        for t in self._readers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._readers = []
+
+    async def stop(self) -> None:
+        """Ctrl-C's path (SIGTERM), then make sure nothing it started is left."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.remember_descendants()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await self.wait_exit(60.0)
+            except TimeoutError:
+                self.proc.kill()
+                await self.wait_exit(15.0)
+        for p in _alive(self._seen):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        await _wait_gone(self._seen, 15.0)
+        await self.close_readers()
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Iterator[Path]:
+    # Outside pytest's tmp root, which concurrent sessions reset to 0700 (see
+    # tests/test_embedded.py): PostgreSQL runs as another user when we are root.
+    path = Path(tempfile.mkdtemp(prefix="runlog-up-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def up(data_dir: Path) -> AsyncIterator[Up]:
+    stack = Up(data_dir / "stack")
+    try:
+        await stack.start()
+        yield stack
+    finally:
+        print(stack.tail())  # shown with a failure
+        await stack.stop()
+
+
+def _token() -> str:
+    # `runlog up` runs with the default settings, the development secret included.
+    return auth.mint(Settings.from_env({}), "alice")
+
+
+async def _ready(http: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with http.get(url + "/readyz") as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def _all_events(c: Client, run_id: str) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    after = 0
+    while True:
+        page = await c.page(run_id, after=after)
+        out += page["events"]
+        after = page["next_after"]
+        if page["ended"] or not page["events"]:
+            return out
+
+
+@pytest.mark.timeout(300)
+async def test_kill_9_one_gateway_the_client_resumes_and_the_gateway_comes_back(up: Up) -> None:
+    g1_port = up.gateway_port
+    old_pid = _listener_pid(g1_port)
+    assert old_pid is not None
+    async with Client(up.urls, _token(), max_reconnects=10) as c, aiohttp.ClientSession() as http:
+        sid = await c.create_session("failover")
+        run_id = await c.start_run(sid, "long")
+        got = []
+        async with asyncio.timeout(120):
+            async for item in c.follow(run_id=run_id):
+                got.append(item)
+                if len(got) == 100:
+                    assert c.base_url == up.url(1)  # following through gateway 1
+                    os.kill(old_pid, signal.SIGKILL)
+        assert c.reconnects == 1 and c.base_url == up.url(2)  # straight to the other
+        # Every event exactly once, in order, the run completed (not failed by a
+        # worker stopped along with everything else).
+        assert [i.cursor for i in got] == list(range(1, len(got) + 1))
+        assert [i.event for i in got] == await _all_events(c, run_id)
+        assert got[-1].event["type"] == "run_end" and got[-1].event["status"] == "completed"
+
+        # The killed gateway is back on its port, and `runlog up` said so.
+        m = await up.wait_line(
+            rf"^runlog up: gateway 1 \(pid {old_pid}, port {g1_port}\) exited"
+            r" \(killed by SIGKILL\) after [\d.]+ s; restarted after 0\.5 s as pid (\d+)$"
+        )
+        new_pid = int(m.group(1))
+        assert new_pid != old_pid
+        async with asyncio.timeout(60):
+            while not await _ready(http, up.url(1)):
+                await asyncio.sleep(0.1)
+        assert _listener_pid(g1_port) == new_pid
+    up.remember_descendants()
+
+
+async def test_prints_every_childs_pid_and_port_and_workers_serve_metrics(up: Up) -> None:
+    for k in (1, 2):
+        m = await up.wait_line(rf"^  gateway {k}: +http://127\.0\.0\.1:(\d+) +pid (\d+) ")
+        assert int(m.group(1)) == up.gateway_port + k - 1
+        assert _listener_pid(int(m.group(1))) == up.pid_now(f"gateway {k}", int(m.group(2)))
+    m = await up.wait_line(r"^  worker 1: +pid (\d+) +metrics (http://127\.0\.0\.1:(\d+)/metrics)$")
+    worker_pid, metrics_url, metrics_port = int(m.group(1)), m.group(2), int(m.group(3))
+    assert _listener_pid(metrics_port) == up.pid_now("worker 1", worker_pid)
+    async with aiohttp.ClientSession() as http, http.get(metrics_url) as r:
+        assert r.status == 200
+        assert "runlog_worker_" in await r.text()
+    for server in ("NATS", "PostgreSQL"):
+        m = await up.wait_line(rf"^  {server}: +\S+://\S+:(\d+)\S* +pid (\d+)$")
+        assert _listener_pid(int(m.group(1))) == int(m.group(2))
+
+
+@pytest.mark.timeout(300)
+async def test_sigkill_of_up_takes_every_child_down_and_the_next_start_works(up: Up) -> None:
+    async with Client(up.urls, _token()) as c:
+        sid = await c.create_session("survives")
+    up.remember_descendants()
+    children = up.descendants()
+    names = {p.name() for p in children}
+    assert {"nats-server", "postgres"} <= names
+    assert len([p for p in children if "runlog.cli" in " ".join(p.cmdline())]) == 3
+
+    await up.kill_up()
+    alive = await _wait_gone(children, 15.0)
+    assert alive == [], [(p.pid, p.name()) for p in alive]
+    await up.close_readers()
+
+    # Same data folder, same ports: PostgreSQL shut down cleanly enough to
+    # start again, and what it held is still there.
+    await up.start()
+    async with Client(up.urls, _token()) as c:
+        assert (await c.get_session(sid))["session_id"] == sid
+
+
+async def _up_fails(env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlog.cli", "up", "--gateways", "2",
+        env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+@pytest.mark.parametrize(
+    ("busy", "what", "setting"),
+    [
+        ("gateway_port+1", "gateway 2", "gateway_port"),
+        ("embedded_nats_port", "embedded NATS", "embedded_nats_port"),
+        ("embedded_postgres_port", "embedded PostgreSQL", "embedded_postgres_port"),
+        ("worker_metrics_port", "worker 1 metrics", "worker_metrics_port"),
+    ],
+)
+async def test_a_busy_port_is_one_clear_line_and_exit_2(
+    busy: str, what: str, setting: str, tmp_path: Path
+) -> None:
+    ports = {
+        "gateway_port": _consecutive_free_ports(2),
+        "embedded_nats_port": free_port(),
+        "embedded_postgres_port": free_port(),
+        "worker_metrics_port": free_port(),
+    }
+    name, _, plus = busy.partition("+")
+    port = ports[name] + int(plus or 0)
+    env = _clean_env(
+        RUNLOG_DATA_DIR=str(tmp_path / "data"),
+        **{"RUNLOG_" + k.upper(): str(v) for k, v in ports.items()},
+    )
+    with socket.create_server((LOOPBACK, port)):
+        code, err = await _up_fails(env)
+    flag = "--" + setting.replace("_", "-")
+    line = (
+        f"runlog: error [port_in_use]: port {port} is in use ({what}); "
+        f"stop what uses it or set RUNLOG_{setting.upper()} / {flag}"
+    )
+    assert (code, err.strip()) == (2, line)
+    assert not (tmp_path / "data").exists(), "nothing was started"
+
+
+@pytest.mark.parametrize(
+    ("kind", "setting"), [("gateway", "gateway_port"), ("worker", "worker_metrics_port")]
+)
+async def test_a_busy_port_of_a_lone_gateway_or_worker_is_one_line_and_exit_2(
+    kind: str, setting: str, settings: Settings, tmp_path: Path
+) -> None:
+    p = RunlogProcess(kind, settings, tmp_path)
+    p.env["RUNLOG_" + setting.upper()] = str(p.port)
+    with socket.create_server((LOOPBACK, p.port)):
+        await p.start()
+        code = await p.wait(60)
+    what = "gateway" if kind == "gateway" else "worker metrics"
+    flag = "--" + setting.replace("_", "-")
+    line = (
+        f"runlog: error [port_in_use]: port {p.port} is in use ({what}); "
+        f"stop what uses it or set RUNLOG_{setting.upper()} / {flag}"
+    )
+    log = p.log_tail()
+    assert code == 2 and line in log.splitlines(), log
+    assert "Traceback" not in log
+
+
+def test_restart_backoff_doubles_to_its_cap_and_resets_after_a_stable_run() -> None:
+    b = RestartBackoff()
+    assert [b.delay_after(0.2) for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert b.delay_after(9.9) == 10.0  # still crashing soon after its start
+    assert b.delay_after(10.0) == 0.5  # it had been running fine: a new incident
+    assert b.delay_after(0.1) == 1.0
+
+
+def test_exit_descriptions() -> None:
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
+    assert describe_exit(0) == "exit code 0"
+    assert describe_exit(2) == "exit code 2"
