@@ -26,7 +26,7 @@ from broker.embedded import NatsProcess, PostgresProcess
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from .helpers import KillableStack, Stack, make_settings
+from .helpers import FIXTURE_TASK_PREFIX, KillableStack, Stack, make_settings
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +127,11 @@ async def no_leaks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     me = asyncio.current_task()
     deadline = time.monotonic() + _LEAK_GRACE_S
     while True:
-        tasks = [t for t in asyncio.all_tasks() - tasks_before if t is not me and not t.done()]
+        tasks = [
+            t
+            for t in asyncio.all_tasks() - tasks_before
+            if t is not me and not t.done() and not t.get_name().startswith(FIXTURE_TASK_PREFIX)
+        ]
         conns = _tcp_connections() - conns_before
         if (not tasks and not conns) or time.monotonic() > deadline:
             break

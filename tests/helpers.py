@@ -14,6 +14,11 @@ from broker.settings import Settings
 from broker.store import Store, StoredEvent
 from broker.subscribe import Subscription
 
+# Tasks of a module- or session-scoped fixture that a test restarts (their
+# lifetime is the fixture's, not the test's) carry this name prefix; the
+# leak check (conftest.no_leaks) leaves them alone.
+FIXTURE_TASK_PREFIX = "fixture:"
+
 
 class Stack(NamedTuple):
     nats_url: str

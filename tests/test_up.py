@@ -31,6 +31,7 @@ from gateway import auth
 from runlog.client import Client
 from runlog.supervisor import RestartBackoff, describe_exit
 
+from .helpers import FIXTURE_TASK_PREFIX
 from .procs import RunlogProcess
 
 # Fast enough to keep the tests short, slow enough that the `long` run
@@ -129,9 +130,10 @@ class Up:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self.proc.stdout is not None and self.proc.stderr is not None
+        # They live as long as this stack, which a module-scoped fixture holds.
         self._readers = [
-            asyncio.create_task(self._read(self.proc.stdout, self.lines)),
-            asyncio.create_task(self._read(self.proc.stderr, self.errors)),
+            asyncio.create_task(self._read(out, into), name=f"{FIXTURE_TASK_PREFIX}up-reader")
+            for out, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors))
         ]
         await self.wait_line(r"^runlog is up$", UP_READY_S)
         self.remember_descendants()
