@@ -6,6 +6,8 @@ import asyncio
 import dataclasses
 from typing import NamedTuple
 
+from prometheus_client import CollectorRegistry
+
 from broker import events
 from broker.embedded import NatsProcess, PostgresProcess
 from broker.settings import Settings
@@ -58,3 +60,10 @@ async def collect(sub: Subscription, count: int, timeout_s: float = 30.0) -> lis
 def assert_contiguous(items: list[StoredEvent], *, first: int, by: str = "seq") -> None:
     positions = [getattr(e, by) for e in items]
     assert positions == list(range(first, first + len(items))), positions[:20]
+
+
+def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """A sample's value (the metric must exist: a typo fails, not reads 0)."""
+    value = registry.get_sample_value(name, labels)
+    assert value is not None, (name, labels)
+    return value

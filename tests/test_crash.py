@@ -1,18 +1,36 @@
-"""Adversity: NATS and PostgreSQL killed (SIGKILL) mid-stream and restarted.
+"""Adversity: NATS and PostgreSQL killed (SIGKILL) mid-stream and restarted;
+PostgreSQL connections cut at chosen moments of a commit (tests/proxy.py).
 
-These tests use `killable`, a private NATS + PostgreSQL pair started by the
+The kill tests use `killable`, a private NATS + PostgreSQL pair started by the
 product's launcher, so killing them never disturbs other tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
-from broker import events
+import pytest
+from prometheus_client import CollectorRegistry
+
+from broker import errors, events
 from broker.runtime import Broker
+from broker.settings import Settings
 
-from .helpers import KillableStack, assert_contiguous, collect, make_settings, new_run, text
+from .helpers import (
+    KillableStack,
+    assert_contiguous,
+    collect,
+    make_settings,
+    metric,
+    new_run,
+    text,
+)
+from .proxy import CuttingProxy
 
 
 async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -> None:
@@ -28,7 +46,7 @@ async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -
         await w.flush()
         first = await collect(sub, 100)
 
-        published_before = writer_side.metrics.published_messages._value.get()
+        published_before = sample(writer_side, "runlog_publish_messages_total")
         killable.nats.kill()
         await killable.nats.wait_stopped()
         # Committed while NATS is down: every publish after commit fails.
@@ -51,7 +69,7 @@ async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -
         while len(writer_side.appender._publish_q) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert len(writer_side.appender._publish_q) == 0
-        assert writer_side.metrics.published_messages._value.get() > published_before
+        assert sample(writer_side, "runlog_publish_messages_total") > published_before
 
         # A fresh subscriber after recovery sees the same log.
         again = await reader_side.subscribe(run_id=run_id, after=0)
@@ -101,7 +119,7 @@ async def test_postgres_restarted_mid_append(killable: KillableStack) -> None:
         assert [d.delta for d in deltas if isinstance(d, events.TextDelta)] == [
             f"tok{i} " for i in range(total)
         ]
-        assert b.metrics.flush_errors.labels("connection")._value.get() > 0
+        assert sample(b, "runlog_append_flush_errors_total", kind="connection") > 0
         assert await b.store.run_head(run_id) == (total, False)
         followed = await reader
         await sub.close()
@@ -111,26 +129,39 @@ async def test_postgres_restarted_mid_append(killable: KillableStack) -> None:
         await b.close()
 
 
-async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
-    stack: object, settings: object
-) -> None:
-    """The ambiguous case: COMMIT reached PostgreSQL but its reply never came
-    back. The appender must find out that the batch committed and not write
-    it again (nor lose it)."""
-    import dataclasses
-    from urllib.parse import urlsplit
-
-    from broker.settings import Settings
-
-    from .proxy import CuttingProxy
-
-    assert isinstance(settings, Settings)
+@asynccontextmanager
+async def proxied_broker(settings: Settings) -> AsyncIterator[tuple[Broker, CuttingProxy]]:
+    """A broker whose PostgreSQL connections all go through a CuttingProxy."""
     u = urlsplit(settings.database_url)
     proxy = CuttingProxy(u.hostname or "127.0.0.1", u.port or 5432)
     await proxy.start()
     via_proxy = settings.database_url.replace(f":{u.port}/", f":{proxy.port}/")
-    b = await Broker.connect(dataclasses.replace(settings, database_url=via_proxy))
+    b = await Broker.connect(
+        dataclasses.replace(settings, database_url=via_proxy), registry=CollectorRegistry()
+    )
     try:
+        yield b, proxy
+    finally:
+        await b.close()
+        await proxy.stop()
+
+
+def sample(b: Broker, name: str, **labels: str) -> float:
+    return metric(b.metrics.registry, name, **labels)
+
+
+async def stored_seqs(b: Broker, run_id: str) -> list[int]:
+    rows = await b.store.pool.fetch("SELECT seq FROM events WHERE run_id = $1 ORDER BY seq", run_id)
+    return [r[0] for r in rows]
+
+
+async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
+    settings: Settings,
+) -> None:
+    """The ambiguous case: COMMIT reached PostgreSQL but its reply never came
+    back. The appender must find out that the batch committed and not write
+    it again (nor lose it)."""
+    async with proxied_broker(settings) as (b, proxy):
         _, run_id = await new_run(b.store)
         w = await b.claim(run_id, "w")
         for i in range(10):
@@ -142,12 +173,98 @@ async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
                 await w.append(text(100 * (round_ + 1) + i))
             await w.flush()
         assert proxy.cuts == 3
-        rows = await b.store.pool.fetch(
-            "SELECT seq FROM events WHERE run_id = $1 ORDER BY seq", run_id
-        )
-        assert [r[0] for r in rows] == list(range(1, 161))
+        assert await stored_seqs(b, run_id) == list(range(1, 161))
         assert w.committed_seq == 160
-        assert b.metrics.flush_errors.labels("connection")._value.get() >= 3
-    finally:
-        await b.close()
-        await proxy.stop()
+        assert sample(b, "runlog_append_flush_errors_total", kind="connection") == 3
+        assert sample(b, "runlog_append_fenced_total") == 0
+
+
+async def test_commit_still_in_flight_when_cut_is_not_reported_as_fenced(
+    settings: Settings,
+) -> None:
+    """The connection breaks while COMMIT is still on its way (the server is,
+    say, waiting on fsync): the old transaction still holds its row locks
+    when the appender retries, so its first look finds nothing committed and
+    the retried UPDATE waits, then matches no row. The writers must learn
+    that their slices committed, not that they were fenced."""
+    async with proxied_broker(settings) as (b, proxy):
+        session_id = await b.store.create_session("alice")
+        run_ids = [await b.store.create_run(session_id, "alice") for _ in range(2)]
+        writers = [await b.claim(r, "w") for r in run_ids]
+        for w in writers:
+            for i in range(10):
+                await w.append(text(i))
+        for w in writers:
+            assert await w.flush() == 10
+        proxy.arm(b"COMMIT", hold_s=1.0)
+        for w in writers:  # one batch, one transaction, both runs
+            for i in range(10, 60):
+                await w.append(text(i))
+        for w in writers:
+            assert await w.flush() == 60
+            assert w.error is None and w.committed_seq == 60
+        assert proxy.cuts == 1
+        for r in run_ids:
+            assert await stored_seqs(b, r) == list(range(1, 61))
+        cursors = await b.store.pool.fetch(
+            "SELECT cursor FROM events WHERE session_id = $1 ORDER BY cursor", session_id
+        )
+        assert [c[0] for c in cursors] == list(range(1, 121))
+        assert sample(b, "runlog_append_fenced_total") == 0
+        assert sample(b, "runlog_append_flush_errors_total", kind="connection") == 1
+        # The writers go on from there.
+        for w in writers:
+            await w.append(text(60))
+            assert await w.flush() == 61
+
+
+async def test_connection_cut_before_commit_is_retried_once(settings: Settings) -> None:
+    """The connection breaks before COMMIT is ever sent (here: the COPY of
+    the events is never delivered): the transaction rolls back, and the
+    retry commits the batch exactly once."""
+    async with proxied_broker(settings) as (b, proxy):
+        _, run_id = await new_run(b.store)
+        w = await b.claim(run_id, "w")
+        for i in range(10):
+            await w.append(text(i))
+        await w.flush()
+        for round_ in range(3):
+            proxy.arm(b"FROM STDIN", forward=False)
+            for i in range(50):
+                await w.append(text(10 + 50 * round_ + i))
+            assert await w.flush() == 10 + 50 * (round_ + 1)
+        assert proxy.cuts == 3
+        page = await b.store.run_page(run_id, 0, 1000)
+        assert [e.seq for e in page] == list(range(1, 161))
+        deltas = [events.decode_stored(e.payload) for e in page]
+        assert [d.delta for d in deltas if isinstance(d, events.TextDelta)] == [
+            f"tok{i} " for i in range(160)
+        ]
+        assert sample(b, "runlog_append_flush_errors_total", kind="connection") == 3
+        assert sample(b, "runlog_append_fenced_total") == 0
+
+
+async def test_fenced_writer_in_a_retried_batch_is_still_refused(settings: Settings) -> None:
+    """Recognizing committed slices after a lost COMMIT reply must not let a
+    fenced writer through: in the same cut batch, the healthy writer's slice
+    is accepted once and the fenced one is refused."""
+    async with proxied_broker(settings) as (b, proxy):
+        session_id = await b.store.create_session("alice")
+        healthy_run, fenced_run = [await b.store.create_run(session_id, "alice") for _ in range(2)]
+        healthy = await b.claim(healthy_run, "w")
+        fenced = await b.claim(fenced_run, "w")
+        for w in (healthy, fenced):
+            await w.append(text(0))
+            assert await w.flush() == 1
+        await b.claim(fenced_run, "other")  # a takeover: `fenced` lost the run
+        proxy.arm(b"COMMIT", hold_s=1.0)
+        for i in range(1, 21):
+            await healthy.append(text(i))
+            await fenced.append(text(i))
+        assert await healthy.flush() == 21
+        with pytest.raises(errors.StaleEpoch):
+            await fenced.flush()
+        assert proxy.cuts == 1
+        assert await stored_seqs(b, healthy_run) == list(range(1, 22))
+        assert await stored_seqs(b, fenced_run) == [1]
+        assert sample(b, "runlog_append_fenced_total") == 1
