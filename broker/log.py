@@ -68,10 +68,21 @@ WHERE runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
 RETURNING runs.run_id
 """
 
+# Session rows are locked in session_id order, whatever plan PostgreSQL picks
+# for the update (it visits rows in array order through the index for a few
+# sessions, in physical order with a scan for many), so concurrent appenders
+# never deadlock on them. The CTE is materialized and its rows are locked
+# after the sort, one by one; the update joins every row through it, so it
+# never reaches a row the CTE has not locked yet. One statement: one round
+# trip, as before.
 _UPDATE_SESSIONS = """
+WITH locked AS MATERIALIZED (
+    SELECT session_id FROM sessions WHERE session_id = ANY($1::text[])
+    ORDER BY session_id FOR NO KEY UPDATE
+)
 UPDATE sessions SET last_cursor = sessions.last_cursor + u.n
-FROM unnest($1::text[], $2::bigint[]) AS u(session_id, n)
-WHERE sessions.session_id = u.session_id
+FROM locked JOIN unnest($1::text[], $2::bigint[]) AS u(session_id, n) USING (session_id)
+WHERE sessions.session_id = locked.session_id
 RETURNING sessions.session_id, sessions.last_cursor - u.n
 """
 
@@ -372,7 +383,6 @@ class Appender:
                 if w.run_id in ok:
                     per_session[w.session_id] = per_session.get(w.session_id, 0) + len(groups[w])
             if per_session:
-                # Sorted, so concurrent writers lock sessions in one order.
                 sids = sorted(per_session)
                 srows = await conn.fetch(_UPDATE_SESSIONS, sids, [per_session[s] for s in sids])
                 next_cursor = {r[0]: r[1] + 1 for r in srows}

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
+import secrets
+import sys
 
+import asyncpg
 import msgspec
 import pytest
 
-from broker import errors, events
+from broker import errors, events, migrate
 from broker.runtime import Broker
 
-from .helpers import assert_contiguous, collect, metric, new_run, text
+from . import appendproc
+from .helpers import (
+    KillableStack,
+    assert_contiguous,
+    collect,
+    make_settings,
+    metric,
+    new_run,
+    text,
+)
+from .workerkit import REPO
 
 
 async def test_concurrent_runs_are_contiguous_per_run_and_per_session(broker: Broker) -> None:
@@ -213,3 +227,139 @@ async def test_cursor_past_head_is_refused(broker: Broker) -> None:
         await broker.subscribe(session_id=session_id, after=-1)
     with pytest.raises(errors.RunNotFound):
         await broker.subscribe(run_id="r_doesnotexist", after=0)
+
+
+async def _fresh_database(killable: KillableStack, prefix: str) -> str:
+    """A new, migrated database on the private PostgreSQL: its tables hold only
+    what the test puts there, so their size (and the plans PostgreSQL picks)
+    is the test's to choose."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    conn = await asyncpg.connect(killable.pg.url)
+    try:
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+    url = killable.pg.url_for(name)
+    await migrate.apply(url)
+    return url
+
+
+async def _drop_database(killable: KillableStack, url: str) -> None:
+    conn = await asyncpg.connect(killable.pg.url)
+    try:
+        await conn.execute(f"DROP DATABASE {url.rsplit('/', 1)[1]} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+async def _run_appenders(jobs: list[appendproc.Job]) -> list[appendproc.Report]:
+    """Each job in its own `tests.appendproc` process, started together."""
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.appendproc",
+            cwd=REPO,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in jobs
+    ]
+    try:
+        async with asyncio.timeout(120):
+            for proc, job in zip(procs, jobs, strict=True):
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(msgspec.json.encode(job) + b"\n")
+                await proc.stdin.drain()
+                assert await proc.stdout.readline() == b"ready\n"
+            for proc in procs:  # all at once
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                await proc.stdin.drain()
+            outs = [await proc.communicate() for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert [proc.returncode for proc in procs] == [0] * len(procs)
+    return [msgspec.json.decode(out, type=appendproc.Report) for out, _ in outs]
+
+
+async def test_two_processes_sharing_sessions_never_deadlock(killable: KillableStack) -> None:
+    """Two brokers in separate processes append to runs of the same sessions:
+    one to runs of two sessions A < B, the other to runs of twelve, A and B
+    among them. On a sessions table of about a thousand rows PostgreSQL
+    updates two sessions through the index in array order (A, B), but twelve
+    by a scan in physical order, and here B's row lies pages before A's: with
+    the lock order left to the plan, the two lock A and B in opposite orders
+    and deadlock. Session rows are locked in one order whatever the plan, so
+    no transaction deadlocks; runs and sessions stay contiguous.
+
+    A database of its own, so the table's size (hence the plans) is known."""
+    database_url = await _fresh_database(killable, "locks")
+    settings = dataclasses.replace(make_settings(killable), database_url=database_url)
+    b = await Broker.connect(settings, name="test-locks")
+    try:
+        store = b.store
+        n_shared, filler_per_gap, per_run = 12, 200, 800
+        filler = (
+            "INSERT INTO sessions (session_id) SELECT 'filler_' || md5(random()::text)"
+            " FROM generate_series(1, $1)"
+        )
+        # The shared sessions a few pages apart among filler rows; then every
+        # other filler row goes, so each page has room and a session's
+        # updates stay on its page (HOT): its physical place holds.
+        shared: list[str] = []
+        for _ in range(n_shared):
+            await store.pool.execute(filler, filler_per_gap)
+            shared.append(await store.create_session("alice"))
+        await store.pool.execute(filler, filler_per_gap)
+        await store.pool.execute(
+            "DELETE FROM sessions WHERE session_id LIKE 'filler_%'"
+            " AND (ctid::text::point)[1]::int % 2 = 0"
+        )
+        await store.pool.execute("VACUUM ANALYZE sessions")
+        rows = await store.pool.fetch(
+            "SELECT session_id, (ctid::text::point)[0] FROM sessions"
+            " WHERE session_id = ANY($1::text[]) ORDER BY ctid",
+            shared,
+        )
+        physical: list[tuple[str, float]] = [(r[0], r[1]) for r in rows]
+        # A < B with B's row first, the pair farthest apart: the scan spends
+        # longest between them.
+        gaps = [
+            (page_a - page_b, (sid_a, sid_b))
+            for i, (sid_b, page_b) in enumerate(physical)
+            for sid_a, page_a in physical[i + 1 :]
+            if sid_a < sid_b and page_a > page_b + 1
+        ]
+        assert gaps, physical  # twelve random ids in physical order: 1 in 12!
+        a, b_ = max(gaps)[1]
+        per_process = [[a, b_, a, b_], shared]
+        jobs = [
+            appendproc.Job(
+                nats_url=settings.nats_url,
+                database_url=database_url,
+                run_ids=[await store.create_run(sid, "alice") for sid in sids],
+                events_per_run=per_run,
+                seed=p,
+            )
+            for p, sids in enumerate(per_process)
+        ]
+        reports = await _run_appenders(jobs)
+        assert [r.deadlocks for r in reports] == [0, 0]
+        assert [(r.flush_errors, r.fenced) for r in reports] == [(0, 0), (0, 0)]
+        for job, report in zip(jobs, reports, strict=True):
+            assert report.committed == {r: per_run for r in job.run_ids}
+            for run_id in job.run_ids:
+                page = await store.run_page(run_id, 0, per_run + 1)
+                assert [e.seq for e in page] == list(range(1, per_run + 1))
+        for sid in shared:
+            n = sum(sids.count(sid) for sids in per_process) * per_run
+            page = await store.session_page(sid, 0, n + 1)
+            assert [e.cursor for e in page] == list(range(1, n + 1))
+            assert await store.session_head(sid) == n
+    finally:
+        await b.close()
+        await _drop_database(killable, database_url)
