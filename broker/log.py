@@ -18,6 +18,12 @@ Contract:
   same transaction, after the fence waited out the lost attempt's row locks.
   So the writer learns it committed, not that it was fenced; nothing is
   written twice or lost.
+- A PostgreSQL outage is ridden out: the batch's commit is retried for up
+  to `storage_outage_grace_s` (nobody else can write meanwhile, and the
+  fence decides once PostgreSQL is back), and appends go on into the pending
+  list until `max_pending_events`, then wait — which pauses whatever
+  produces them (a model stream). Past the grace the writers fail with
+  StorageError.
 - Only after commit is a run's slice published to JetStream (one message per
   run per flush, deduplicated by `Nats-Msg-Id`). A failed publish is retried;
   a dropped one is harmless, since subscribers fill holes from PostgreSQL.
@@ -266,6 +272,9 @@ class Appender:
 
     async def wait_for_space(self) -> None:
         while len(self._pending) >= self.settings.max_pending_events:
+            # Full: PostgreSQL is slow or away, and the flush loop, stuck in a
+            # commit, cannot update the gauge meanwhile.
+            self.metrics.pending_events.set(len(self._pending))
             self._space.clear()
             await self._space.wait()
 
@@ -316,7 +325,9 @@ class Appender:
                 groups.setdefault(entry.writer, []).append(entry)
         if not groups:
             return
-        deadline = time.monotonic() + self.settings.db_retry_s
+        # An outage is ridden out: nobody else can write while PostgreSQL is
+        # away, and fencing decides the commit once it is back.
+        deadline = time.monotonic() + self.settings.storage_outage_grace_s
         backoff = 0.05
         while True:
             try:

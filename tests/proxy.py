@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from urllib.parse import urlsplit
 
 # How long a held chunk's server connection waits for the reply after the
 # chunk is finally forwarded (the server acts on it before replying).
@@ -32,12 +33,35 @@ class CuttingProxy:
         self._forward = True
         self._hold_s = 0.0
         self.cuts = 0
+        self._partitioned = False
         self._writers: set[asyncio.StreamWriter] = set()
+
+    @classmethod
+    def in_front_of(cls, url: str) -> CuttingProxy:
+        """A proxy to the server of `url` (started with `start`)."""
+        u = urlsplit(url)
+        return cls(u.hostname or "127.0.0.1", u.port or 5432)
+
+    def route(self, url: str) -> str:
+        """`url`, through this (started) proxy."""
+        port = urlsplit(url).port or 5432
+        return url.replace(f":{port}/", f":{self.port}/", 1)
 
     def arm(self, marker: bytes, *, forward: bool = True, hold_s: float = 0.0) -> None:
         self._marker = marker
         self._forward = forward
         self._hold_s = hold_s
+
+    def partition(self) -> None:
+        """Cut every connection and refuse new ones (accepted, then closed)
+        until `heal`: the client side sees its server gone, which stays up
+        for everyone else."""
+        self._partitioned = True
+        for w in list(self._writers):
+            w.close()
+
+    def heal(self) -> None:
+        self._partitioned = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -51,6 +75,9 @@ class CuttingProxy:
             await self._server.wait_closed()
 
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        if self._partitioned:
+            cw.close()
+            return
         try:
             sr, sw = await asyncio.open_connection(*self.target)
         except OSError:

@@ -12,7 +12,6 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -132,12 +131,11 @@ async def test_postgres_restarted_mid_append(killable: KillableStack) -> None:
 @asynccontextmanager
 async def proxied_broker(settings: Settings) -> AsyncIterator[tuple[Broker, CuttingProxy]]:
     """A broker whose PostgreSQL connections all go through a CuttingProxy."""
-    u = urlsplit(settings.database_url)
-    proxy = CuttingProxy(u.hostname or "127.0.0.1", u.port or 5432)
+    proxy = CuttingProxy.in_front_of(settings.database_url)
     await proxy.start()
-    via_proxy = settings.database_url.replace(f":{u.port}/", f":{proxy.port}/")
     b = await Broker.connect(
-        dataclasses.replace(settings, database_url=via_proxy), registry=CollectorRegistry()
+        dataclasses.replace(settings, database_url=proxy.route(settings.database_url)),
+        registry=CollectorRegistry(),
     )
     try:
         yield b, proxy
@@ -268,3 +266,42 @@ async def test_fenced_writer_in_a_retried_batch_is_still_refused(settings: Setti
         assert await stored_seqs(b, healthy_run) == list(range(1, 22))
         assert await stored_seqs(b, fenced_run) == [1]
         assert sample(b, "runlog_append_fenced_total") == 1
+
+
+async def test_appends_wait_at_the_pending_bound_while_postgres_is_away(
+    settings: Settings,
+) -> None:
+    """Cut off PostgreSQL, a writer appends until `max_pending_events` are
+    pending (besides the batch whose commit is retried), then waits; the
+    pending gauge says so meanwhile (the backpressure alert's input). When
+    PostgreSQL is back everything commits, each seq once."""
+    limit = 50
+    async with proxied_broker(dataclasses.replace(settings, max_pending_events=limit)) as (
+        b,
+        proxy,
+    ):
+        _, run_id = await new_run(b.store)
+        w = await b.claim(run_id, "w")
+        proxy.partition()
+
+        async def produce() -> None:
+            for i in range(4 * limit):
+                await w.append(text(i))
+
+        producer = asyncio.create_task(produce())
+        try:
+
+            async def full() -> bool:
+                return sample(b, "runlog_append_pending_events") == limit
+
+            async with asyncio.timeout(10):
+                while not await full():
+                    await asyncio.sleep(0.02)
+            # One batch in its commit's retries, `limit` more waiting: no more.
+            assert w.last_seq == 2 * limit and not producer.done()
+        finally:
+            proxy.heal()
+            await asyncio.wait_for(producer, 30)
+        assert await w.flush() == 4 * limit
+        assert await stored_seqs(b, run_id) == list(range(1, 4 * limit + 1))
+        assert sample(b, "runlog_append_fenced_total") == 0
