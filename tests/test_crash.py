@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -30,6 +29,7 @@ from .helpers import (
     text,
 )
 from .proxy import CuttingProxy
+from .workerkit import wait_until
 
 
 async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -> None:
@@ -64,10 +64,10 @@ async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -
         # The publisher (buffering while reconnecting, retrying on timeouts)
         # caught up once NATS was back: what committed during the outage was
         # published afterwards.
-        deadline = time.monotonic() + 30
-        while len(writer_side.appender._publish_q) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert len(writer_side.appender._publish_q) == 0
+        async def published() -> bool:
+            return sample(writer_side, "runlog_publish_backlog_messages") == 0
+
+        await wait_until(published, timeout_s=30)
         assert sample(writer_side, "runlog_publish_messages_total") > published_before
 
         # A fresh subscriber after recovery sees the same log.
@@ -305,3 +305,54 @@ async def test_appends_wait_at_the_pending_bound_while_postgres_is_away(
         assert await w.flush() == 4 * limit
         assert await stored_seqs(b, run_id) == list(range(1, 4 * limit + 1))
         assert sample(b, "runlog_append_fenced_total") == 0
+
+
+async def test_publish_backlog_past_its_bound_drops_the_oldest_and_readers_fill_them(
+    killable: KillableStack,
+) -> None:
+    """NATS is down while a writer commits 20 batches: its publish backlog
+    (publish_backlog_max 5) keeps the newest 5 and drops exactly the 15
+    oldest. A subscriber still gets every event once, in order, filled from
+    PostgreSQL, and the backlog is published once NATS is back."""
+    settings = make_settings(killable, publish_backlog_max=5)
+    writer_side = await Broker.connect(settings, registry=CollectorRegistry(), name="test-w")
+    reader_side = await Broker.connect(settings, registry=CollectorRegistry(), name="test-r")
+    sub = None
+    try:
+        _, run_id = await new_run(writer_side.store)
+        w = await writer_side.claim(run_id, "w")
+        sub = await reader_side.subscribe(run_id=run_id, after=0)
+        for i in range(10):
+            await w.append(text(i))
+        await w.flush()
+        first = await collect(sub, 10)
+
+        async def backlog_empty() -> bool:
+            return sample(writer_side, "runlog_publish_backlog_messages") == 0
+
+        await wait_until(backlog_empty)
+        killable.nats.kill()
+        await killable.nats.wait_stopped()
+        rounds = 20
+        for r in range(rounds):  # one batch, one live message each
+            for i in range(10):
+                await w.append(text(10 + 10 * r + i))
+            await w.flush()
+        assert sample(writer_side, "runlog_publish_dropped_total") == rounds - 5
+        assert sample(writer_side, "runlog_publish_backlog_messages") == 5
+        during = await collect(sub, 10 * rounds)  # from PostgreSQL: the feed is down
+        await killable.nats.restart()
+        await wait_until(backlog_empty, timeout_s=60)
+        await w.append(events.RunEnd(status="completed"))
+        assert await w.flush() == 10 * rounds + 11
+        rest = await collect(sub, 1)
+        got = first + during + rest
+        assert_contiguous(got, first=1)
+        assert len(got) == 10 * rounds + 11 and got[-1].type == "run_end" and sub.ended
+        assert sample(writer_side, "runlog_publish_dropped_total") == rounds - 5
+        assert sample(reader_side, "runlog_subscribe_gap_fills_total", reason="position_check") > 0
+    finally:
+        if sub is not None:
+            await sub.close()
+        await reader_side.close()
+        await writer_side.close()

@@ -7,13 +7,18 @@ import dataclasses
 import random
 import secrets
 import sys
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import msgspec
 import pytest
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry
 
 from broker import errors, events, migrate
+from broker.metrics import GAP_FILL_REASONS as GAP_REASONS
 from broker.runtime import Broker
+from broker.settings import Settings
 
 from . import appendproc
 from .helpers import (
@@ -25,7 +30,7 @@ from .helpers import (
     new_run,
     text,
 )
-from .workerkit import REPO
+from .workerkit import REPO, wait_until
 
 
 async def test_concurrent_runs_are_contiguous_per_run_and_per_session(broker: Broker) -> None:
@@ -363,3 +368,61 @@ async def test_two_processes_sharing_sessions_never_deadlock(killable: KillableS
     finally:
         await b.close()
         await _drop_database(killable, database_url)
+
+
+async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgres(
+    settings: Settings,
+) -> None:
+    """A subscription whose consumer does not read while a writer appends
+    fast: its live queue (one batch: live_buffer_max 16) overflows and the
+    later batches are dropped. Reading again, the consumer gets every event
+    once, in order: the quiet live feed leads to a position check, which
+    fills the hole from PostgreSQL as an overflow."""
+    small = dataclasses.replace(settings, live_buffer_max=16)
+    b = await Broker.connect(small, registry=CollectorRegistry(), name="test-overflow")
+    witness: asyncio.Event = asyncio.Event()
+    marker = await b.bus.nc.subscribe(f"test.marker.{secrets.token_hex(4)}", cb=_set(witness))
+    sub = None
+    try:
+        _, run_id = await new_run(b.store)
+        w = await b.claim(run_id, "w")
+        sub = await b.subscribe(run_id=run_id, after=0)
+        await w.append(text(0))
+        await w.flush()
+        assert [e.seq for e in await collect(sub, 1)] == [1]
+        rounds, per_round = 30, 5
+        for r in range(rounds):  # the consumer reads nothing meanwhile
+            for i in range(per_round):
+                await w.append(text(1 + r * per_round + i))
+            await w.flush()
+
+        async def all_published() -> bool:
+            return sample(b, "runlog_publish_messages_total") == 1 + rounds
+
+        await wait_until(all_published)
+        # Published after the batches on the same connection, so delivered
+        # after them: once it is here, every batch was offered to the queue.
+        await b.bus.nc.publish(marker.subject, b"")
+        await asyncio.wait_for(witness.wait(), 10)
+
+        got = await collect(sub, rounds * per_round)
+        assert_contiguous(got, first=2)
+        assert len(got) == rounds * per_round
+        fills = {r: sample(b, "runlog_subscribe_gap_fills_total", reason=r) for r in GAP_REASONS}
+        assert fills == {"gap": 0, "position_check": 0, "overflow": 1}
+    finally:
+        if sub is not None:
+            await sub.close()
+        await marker.unsubscribe()
+        await b.close()
+
+
+def _set(event: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
+    async def cb(_: Msg) -> None:
+        event.set()
+
+    return cb
+
+
+def sample(b: Broker, name: str, **labels: str) -> float:
+    return metric(b.metrics.registry, name, **labels)
