@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -57,13 +57,21 @@ async def collect(sub: Subscription, count: int, timeout_s: float = 30.0) -> lis
     return out
 
 
+class HasRegistry(Protocol):
+    registry: CollectorRegistry
+
+
+def sample(metrics: HasRegistry, name: str, **labels: str) -> float:
+    """A metric's value, read through its registry: 0 for a label set never
+    counted, but a metric that does not exist fails (a typo must not read 0)."""
+    value = metrics.registry.get_sample_value(name, labels)
+    if value is not None:
+        return value
+    names = {m.name for m in metrics.registry.collect()}
+    assert name in names or name.removesuffix("_total") in names, f"no metric {name}"
+    return 0.0
+
+
 def assert_contiguous(items: list[StoredEvent], *, first: int, by: str = "seq") -> None:
     positions = [getattr(e, by) for e in items]
     assert positions == list(range(first, first + len(items))), positions[:20]
-
-
-def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    """A sample's value (the metric must exist: a typo fails, not reads 0)."""
-    value = registry.get_sample_value(name, labels)
-    assert value is not None, (name, labels)
-    return value

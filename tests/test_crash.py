@@ -24,8 +24,8 @@ from .helpers import (
     assert_contiguous,
     collect,
     make_settings,
-    metric,
     new_run,
+    sample,
     text,
 )
 from .proxy import CuttingProxy
@@ -45,7 +45,7 @@ async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -
         await w.flush()
         first = await collect(sub, 100)
 
-        published_before = sample(writer_side, "runlog_publish_messages_total")
+        published_before = sample(writer_side.metrics, "runlog_publish_messages_total")
         killable.nats.kill()
         await killable.nats.wait_stopped()
         # Committed while NATS is down: every publish after commit fails.
@@ -65,10 +65,10 @@ async def test_nats_killed_between_commit_and_publish(killable: KillableStack) -
         # caught up once NATS was back: what committed during the outage was
         # published afterwards.
         async def published() -> bool:
-            return sample(writer_side, "runlog_publish_backlog_messages") == 0
+            return sample(writer_side.metrics, "runlog_publish_backlog_messages") == 0
 
         await wait_until(published, timeout_s=30)
-        assert sample(writer_side, "runlog_publish_messages_total") > published_before
+        assert sample(writer_side.metrics, "runlog_publish_messages_total") > published_before
 
         # A fresh subscriber after recovery sees the same log.
         again = await reader_side.subscribe(run_id=run_id, after=0)
@@ -118,7 +118,7 @@ async def test_postgres_restarted_mid_append(killable: KillableStack) -> None:
         assert [d.delta for d in deltas if isinstance(d, events.TextDelta)] == [
             f"tok{i} " for i in range(total)
         ]
-        assert sample(b, "runlog_append_flush_errors_total", kind="connection") > 0
+        assert sample(b.metrics, "runlog_append_flush_errors_total", kind="connection") > 0
         assert await b.store.run_head(run_id) == (total, False)
         followed = await reader
         await sub.close()
@@ -142,10 +142,6 @@ async def proxied_broker(settings: Settings) -> AsyncIterator[tuple[Broker, Cutt
     finally:
         await b.close()
         await proxy.stop()
-
-
-def sample(b: Broker, name: str, **labels: str) -> float:
-    return metric(b.metrics.registry, name, **labels)
 
 
 async def stored_seqs(b: Broker, run_id: str) -> list[int]:
@@ -173,8 +169,8 @@ async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
         assert proxy.cuts == 3
         assert await stored_seqs(b, run_id) == list(range(1, 161))
         assert w.committed_seq == 160
-        assert sample(b, "runlog_append_flush_errors_total", kind="connection") == 3
-        assert sample(b, "runlog_append_fenced_total") == 0
+        assert sample(b.metrics, "runlog_append_flush_errors_total", kind="connection") == 3
+        assert sample(b.metrics, "runlog_append_fenced_total") == 0
 
 
 async def test_commit_still_in_flight_when_cut_is_not_reported_as_fenced(
@@ -208,8 +204,8 @@ async def test_commit_still_in_flight_when_cut_is_not_reported_as_fenced(
             "SELECT cursor FROM events WHERE session_id = $1 ORDER BY cursor", session_id
         )
         assert [c[0] for c in cursors] == list(range(1, 121))
-        assert sample(b, "runlog_append_fenced_total") == 0
-        assert sample(b, "runlog_append_flush_errors_total", kind="connection") == 1
+        assert sample(b.metrics, "runlog_append_fenced_total") == 0
+        assert sample(b.metrics, "runlog_append_flush_errors_total", kind="connection") == 1
         # The writers go on from there.
         for w in writers:
             await w.append(text(60))
@@ -238,8 +234,8 @@ async def test_connection_cut_before_commit_is_retried_once(settings: Settings) 
         assert [d.delta for d in deltas if isinstance(d, events.TextDelta)] == [
             f"tok{i} " for i in range(160)
         ]
-        assert sample(b, "runlog_append_flush_errors_total", kind="connection") == 3
-        assert sample(b, "runlog_append_fenced_total") == 0
+        assert sample(b.metrics, "runlog_append_flush_errors_total", kind="connection") == 3
+        assert sample(b.metrics, "runlog_append_fenced_total") == 0
 
 
 async def test_fenced_writer_in_a_retried_batch_is_still_refused(settings: Settings) -> None:
@@ -265,7 +261,7 @@ async def test_fenced_writer_in_a_retried_batch_is_still_refused(settings: Setti
         assert proxy.cuts == 1
         assert await stored_seqs(b, healthy_run) == list(range(1, 22))
         assert await stored_seqs(b, fenced_run) == [1]
-        assert sample(b, "runlog_append_fenced_total") == 1
+        assert sample(b.metrics, "runlog_append_fenced_total") == 1
 
 
 async def test_appends_wait_at_the_pending_bound_while_postgres_is_away(
@@ -292,7 +288,7 @@ async def test_appends_wait_at_the_pending_bound_while_postgres_is_away(
         try:
 
             async def full() -> bool:
-                return sample(b, "runlog_append_pending_events") == limit
+                return sample(b.metrics, "runlog_append_pending_events") == limit
 
             async with asyncio.timeout(10):
                 while not await full():
@@ -304,7 +300,7 @@ async def test_appends_wait_at_the_pending_bound_while_postgres_is_away(
             await asyncio.wait_for(producer, 30)
         assert await w.flush() == 4 * limit
         assert await stored_seqs(b, run_id) == list(range(1, 4 * limit + 1))
-        assert sample(b, "runlog_append_fenced_total") == 0
+        assert sample(b.metrics, "runlog_append_fenced_total") == 0
 
 
 async def test_publish_backlog_past_its_bound_drops_the_oldest_and_readers_fill_them(
@@ -328,7 +324,7 @@ async def test_publish_backlog_past_its_bound_drops_the_oldest_and_readers_fill_
         first = await collect(sub, 10)
 
         async def backlog_empty() -> bool:
-            return sample(writer_side, "runlog_publish_backlog_messages") == 0
+            return sample(writer_side.metrics, "runlog_publish_backlog_messages") == 0
 
         await wait_until(backlog_empty)
         killable.nats.kill()
@@ -338,8 +334,8 @@ async def test_publish_backlog_past_its_bound_drops_the_oldest_and_readers_fill_
             for i in range(10):
                 await w.append(text(10 + 10 * r + i))
             await w.flush()
-        assert sample(writer_side, "runlog_publish_dropped_total") == rounds - 5
-        assert sample(writer_side, "runlog_publish_backlog_messages") == 5
+        assert sample(writer_side.metrics, "runlog_publish_dropped_total") == rounds - 5
+        assert sample(writer_side.metrics, "runlog_publish_backlog_messages") == 5
         during = await collect(sub, 10 * rounds)  # from PostgreSQL: the feed is down
         await killable.nats.restart()
         await wait_until(backlog_empty, timeout_s=60)
@@ -349,8 +345,11 @@ async def test_publish_backlog_past_its_bound_drops_the_oldest_and_readers_fill_
         got = first + during + rest
         assert_contiguous(got, first=1)
         assert len(got) == 10 * rounds + 11 and got[-1].type == "run_end" and sub.ended
-        assert sample(writer_side, "runlog_publish_dropped_total") == rounds - 5
-        assert sample(reader_side, "runlog_subscribe_gap_fills_total", reason="position_check") > 0
+        assert sample(writer_side.metrics, "runlog_publish_dropped_total") == rounds - 5
+        assert (
+            sample(reader_side.metrics, "runlog_subscribe_gap_fills_total", reason="position_check")
+            > 0
+        )
     finally:
         if sub is not None:
             await sub.close()

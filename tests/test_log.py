@@ -26,8 +26,8 @@ from .helpers import (
     assert_contiguous,
     collect,
     make_settings,
-    metric,
     new_run,
+    sample,
     text,
 )
 from .workerkit import REPO, wait_until
@@ -77,7 +77,7 @@ async def test_concurrent_runs_are_contiguous_per_run_and_per_session(broker: Br
             assert cursors == list(range(1, expected + 1))
             assert await store.session_head(sid) == expected
     # The committed events reached the metrics once each.
-    total = metric(broker.metrics.registry, "runlog_events_appended_total")
+    total = sample(broker.metrics, "runlog_events_appended_total")
     assert total == n_runs * n_events
 
 
@@ -397,7 +397,7 @@ async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgre
             await w.flush()
 
         async def all_published() -> bool:
-            return sample(b, "runlog_publish_messages_total") == 1 + rounds
+            return sample(b.metrics, "runlog_publish_messages_total") == 1 + rounds
 
         await wait_until(all_published)
         # Published after the batches on the same connection, so delivered
@@ -408,7 +408,9 @@ async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgre
         got = await collect(sub, rounds * per_round)
         assert_contiguous(got, first=2)
         assert len(got) == rounds * per_round
-        fills = {r: sample(b, "runlog_subscribe_gap_fills_total", reason=r) for r in GAP_REASONS}
+        fills = {
+            r: sample(b.metrics, "runlog_subscribe_gap_fills_total", reason=r) for r in GAP_REASONS
+        }
         assert fills == {"gap": 0, "position_check": 0, "overflow": 1}
     finally:
         if sub is not None:
@@ -422,7 +424,3 @@ def _set(event: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
         event.set()
 
     return cb
-
-
-def sample(b: Broker, name: str, **labels: str) -> float:
-    return metric(b.metrics.registry, name, **labels)

@@ -23,7 +23,7 @@ from workers.metrics import RUN_OUTCOMES, TAKEOVER_OUTCOMES
 from workers.model import Message, ModelRequest, TextChunk
 from workers.worker import Worker
 
-from .helpers import KillableStack, make_settings, metric
+from .helpers import KillableStack, make_settings, sample
 from .proxy import CuttingProxy
 from .workerkit import of, running_worker, start, stored, text_of, wait_until
 
@@ -40,7 +40,7 @@ async def _scripted_text(input: str) -> str:
 
 def _outcomes(w: Worker, name: str, labels: tuple[str, ...]) -> dict[str, float]:
     assert w.metrics is not None
-    return {o: metric(w.metrics.registry, name, outcome=o) for o in labels}
+    return {o: sample(w.metrics, name, outcome=o) for o in labels}
 
 
 async def _wait_ended(b: Broker, run_ids: list[str], timeout_s: float) -> None:
@@ -83,7 +83,7 @@ async def test_postgres_down_for_a_minute_fails_no_streaming_run(
         await asyncio.sleep(_OUTAGE_S)
         # Both buffers filled up and stopped there: every run's model waits.
         for broker in (b, b2):
-            pending = metric(broker.metrics.registry, "runlog_append_pending_events")
+            pending = sample(broker.metrics, "runlog_append_pending_events")
             assert pending == tuning["max_pending_events"]
         await killable.pg.restart()
         await _wait_ended(b, run_ids, timeout_s=90)
@@ -109,10 +109,9 @@ async def test_postgres_down_for_a_minute_fails_no_streaming_run(
             assert runs == {**dict.fromkeys(RUN_OUTCOMES, 0.0), "completed": float(placed[w])}
             takeovers = _outcomes(w, "runlog_worker_takeovers_total", TAKEOVER_OUTCOMES)
             assert takeovers == dict.fromkeys(TAKEOVER_OUTCOMES, 0.0)
-            registry = broker.metrics.registry
-            assert metric(registry, "runlog_append_fenced_total") == 0
+            assert sample(broker.metrics, "runlog_append_fenced_total") == 0
             # The outage did reach the commit path of both.
-            assert metric(registry, "runlog_append_flush_errors_total", kind="connection") > 0
+            assert sample(broker.metrics, "runlog_append_flush_errors_total", kind="connection") > 0
 
 
 async def test_worker_cut_off_postgres_is_fenced_when_it_comes_back(settings: Settings) -> None:
@@ -151,7 +150,7 @@ async def test_worker_cut_off_postgres_is_fenced_when_it_comes_back(settings: Se
                 assert w_b.metrics is not None and w_a.metrics is not None
                 takeovers = _outcomes(w_b, "runlog_worker_takeovers_total", TAKEOVER_OUTCOMES)
                 a_runs = _outcomes(w_a, "runlog_worker_runs_total", RUN_OUTCOMES)
-                a_fenced = metric(b_a.metrics.registry, "runlog_append_fenced_total")
+                a_fenced = sample(b_a.metrics, "runlog_append_fenced_total")
         err, end = head[-2], head[-1]
         assert isinstance(err, events.RunError) and err.code == "worker_lost"
         assert isinstance(end, events.RunEnd) and end.status == "failed"
