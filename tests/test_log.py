@@ -7,20 +7,21 @@ import dataclasses
 import random
 import secrets
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
-import asyncpg
 import msgspec
 import pytest
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from broker import errors, events, migrate
+from broker import errors, events
 from broker.metrics import GAP_FILL_REASONS as GAP_REASONS
 from broker.runtime import Broker
 from broker.settings import Settings
 
 from . import appendproc
+from .databases import fresh_database
 from .helpers import (
     KillableStack,
     assert_contiguous,
@@ -234,27 +235,13 @@ async def test_cursor_past_head_is_refused(broker: Broker) -> None:
         await broker.subscribe(run_id="r_doesnotexist", after=0)
 
 
-async def _fresh_database(killable: KillableStack, prefix: str) -> str:
-    """A new, migrated database on the private PostgreSQL: its tables hold only
-    what the test puts there, so their size (and the plans PostgreSQL picks)
-    is the test's to choose."""
-    name = f"{prefix}_{secrets.token_hex(4)}"
-    conn = await asyncpg.connect(killable.pg.url)
+@asynccontextmanager
+async def _broker(settings: Settings) -> AsyncIterator[Broker]:
+    b = await Broker.connect(settings, name="test-log")
     try:
-        await conn.execute(f"CREATE DATABASE {name}")
+        yield b
     finally:
-        await conn.close()
-    url = killable.pg.url_for(name)
-    await migrate.apply(url)
-    return url
-
-
-async def _drop_database(killable: KillableStack, url: str) -> None:
-    conn = await asyncpg.connect(killable.pg.url)
-    try:
-        await conn.execute(f"DROP DATABASE {url.rsplit('/', 1)[1]} WITH (FORCE)")
-    finally:
-        await conn.close()
+        await b.close()
 
 
 async def _run_appenders(jobs: list[appendproc.Job]) -> list[appendproc.Report]:
@@ -302,10 +289,10 @@ async def test_two_processes_sharing_sessions_never_deadlock(killable: KillableS
     no transaction deadlocks; runs and sessions stay contiguous.
 
     A database of its own, so the table's size (hence the plans) is known."""
-    database_url = await _fresh_database(killable, "locks")
-    settings = dataclasses.replace(make_settings(killable), database_url=database_url)
-    b = await Broker.connect(settings, name="test-locks")
-    try:
+    async with (
+        fresh_database(killable, "locks") as database_url,
+        _broker(dataclasses.replace(make_settings(killable), database_url=database_url)) as b,
+    ):
         store = b.store
         n_shared, filler_per_gap, per_run = 12, 200, 800
         filler = (
@@ -344,7 +331,7 @@ async def test_two_processes_sharing_sessions_never_deadlock(killable: KillableS
         per_process = [[a, b_, a, b_], shared]
         jobs = [
             appendproc.Job(
-                nats_url=settings.nats_url,
+                nats_url=killable.nats.url,
                 database_url=database_url,
                 run_ids=[await store.create_run(sid, "alice") for sid in sids],
                 events_per_run=per_run,
@@ -365,9 +352,6 @@ async def test_two_processes_sharing_sessions_never_deadlock(killable: KillableS
             page = await store.session_page(sid, 0, n + 1)
             assert [e.cursor for e in page] == list(range(1, n + 1))
             assert await store.session_head(sid) == n
-    finally:
-        await b.close()
-        await _drop_database(killable, database_url)
 
 
 async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgres(
