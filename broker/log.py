@@ -11,8 +11,19 @@ Contract:
   which is held until commit, so cursors commit in order: once cursor N is
   visible, every cursor below N is too. The same holds for seq per run.
 - One transaction per flush, across runs: either every accepted run's slice
-  of the batch is committed or none is. That makes a retry after an ambiguous
-  failure (connection lost at COMMIT) decidable: look at one run's last_seq.
+  of the batch is committed or none is. After an ambiguous failure
+  (connection lost at COMMIT) the batch is simply retried: a slice the lost
+  attempt committed is refused by the retry's fence, and every refused slice
+  is looked up (`runs.last_seq, owner_epoch` = its last seq and epoch) in the
+  same transaction, after the fence waited out the lost attempt's row locks.
+  So the writer learns it committed, not that it was fenced; nothing is
+  written twice or lost.
+- A PostgreSQL outage is ridden out: the batch's commit is retried for up
+  to `storage_outage_grace_s` (nobody else can write meanwhile, and the
+  fence decides once PostgreSQL is back), and appends go on into the pending
+  list until `max_pending_events`, then wait — which pauses whatever
+  produces them (a model stream). Past the grace the writers fail with
+  StorageError.
 - Only after commit is a run's slice published to JetStream (one message per
   run per flush, deduplicated by `Nats-Msg-Id`). A failed publish is retried;
   a dropped one is harmless, since subscribers fill holes from PostgreSQL.
@@ -63,10 +74,21 @@ WHERE runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
 RETURNING runs.run_id
 """
 
+# Session rows are locked in session_id order, whatever plan PostgreSQL picks
+# for the update (it visits rows in array order through the index for a few
+# sessions, in physical order with a scan for many), so concurrent appenders
+# never deadlock on them. The CTE is materialized and its rows are locked
+# after the sort, one by one; the update joins every row through it, so it
+# never reaches a row the CTE has not locked yet. One statement: one round
+# trip, as before.
 _UPDATE_SESSIONS = """
+WITH locked AS MATERIALIZED (
+    SELECT session_id FROM sessions WHERE session_id = ANY($1::text[])
+    ORDER BY session_id FOR NO KEY UPDATE
+)
 UPDATE sessions SET last_cursor = sessions.last_cursor + u.n
-FROM unnest($1::text[], $2::bigint[]) AS u(session_id, n)
-WHERE sessions.session_id = u.session_id
+FROM locked JOIN unnest($1::text[], $2::bigint[]) AS u(session_id, n) USING (session_id)
+WHERE sessions.session_id = locked.session_id
 RETURNING sessions.session_id, sessions.last_cursor - u.n
 """
 
@@ -250,6 +272,9 @@ class Appender:
 
     async def wait_for_space(self) -> None:
         while len(self._pending) >= self.settings.max_pending_events:
+            # Full: PostgreSQL is slow or away, and the flush loop, stuck in a
+            # commit, cannot update the gauge meanwhile.
+            self.metrics.pending_events.set(len(self._pending))
             self._space.clear()
             await self._space.wait()
 
@@ -300,7 +325,9 @@ class Appender:
                 groups.setdefault(entry.writer, []).append(entry)
         if not groups:
             return
-        deadline = time.monotonic() + self.settings.db_retry_s
+        # An outage is ridden out: nobody else can write while PostgreSQL is
+        # away, and fencing decides the commit once it is back.
+        deadline = time.monotonic() + self.settings.storage_outage_grace_s
         backoff = 0.05
         while True:
             try:
@@ -316,16 +343,18 @@ class Appender:
             except asyncpg.PostgresError as e:
                 self.metrics.flush_errors.labels("other").inc()
                 log.warning("append commit failed (%s); retrying", e)
-            # Unknown outcome: find out whether it committed before retrying.
+            # Unknown outcome. Retrying is safe: if this attempt did commit,
+            # the retry's fence refuses every slice and `_commit` recognizes
+            # them as committed (it asks, for every refused writer).
             if time.monotonic() > deadline:
                 # A last look: the lost reply may have been a COMMIT that
                 # succeeded, and those events must not be reported as lost.
                 try:
-                    found = await self._committed_before(groups)
+                    async with self.store.pool.acquire() as conn:
+                        accepted = await _slices_committed(conn, groups)
                 except (*_TRANSIENT, asyncpg.PostgresError):
-                    found = None
-                if found is not None:
-                    accepted = found
+                    accepted = {}
+                if accepted:
                     break
                 err = errors.StorageError(
                     "PostgreSQL unavailable: the commit of these events is not confirmed",
@@ -336,13 +365,6 @@ class Appender:
                 return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
-            try:
-                found = await self._committed_before(groups)
-            except (*_TRANSIENT, asyncpg.PostgresError):
-                continue
-            if found is not None:
-                accepted = found
-                break
         self._after_commit(groups, accepted, batch)
 
     async def _commit(self, groups: dict[RunWriter, list[_Entry]]) -> dict[RunWriter, int]:
@@ -359,13 +381,19 @@ class Appender:
         async with self.store.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(_UPDATE_RUNS, run_ids, epochs, bases, counts, end_status)
             ok = {r[0] for r in rows}
+            accepted: dict[RunWriter, int] = {}
+            if len(ok) < len(writers):
+                # A refused slice is fenced, or was committed by an earlier
+                # attempt of this batch whose COMMIT's reply was lost. The
+                # UPDATE waited for that attempt's row locks if it was still
+                # in flight, so this statement sees its outcome.
+                refused = {w: groups[w] for w in writers if w.run_id not in ok}
+                accepted.update(await _slices_committed(conn, refused))
             per_session: dict[str, int] = {}
             for w in writers:
                 if w.run_id in ok:
                     per_session[w.session_id] = per_session.get(w.session_id, 0) + len(groups[w])
-            accepted: dict[RunWriter, int] = {}
             if per_session:
-                # Sorted, so concurrent writers lock sessions in one order.
                 sids = sorted(per_session)
                 srows = await conn.fetch(_UPDATE_SESSIONS, sids, [per_session[s] for s in sids])
                 next_cursor = {r[0]: r[1] + 1 for r in srows}
@@ -385,31 +413,6 @@ class Appender:
                 await conn.copy_records_to_table("events", records=records, columns=_EVENT_COLUMNS)
         self.metrics.commit_seconds.observe(time.monotonic() - t0)
         return accepted
-
-    async def _committed_before(
-        self, groups: dict[RunWriter, list[_Entry]]
-    ) -> dict[RunWriter, int] | None:
-        """After an ambiguous failure: if the batch committed, return what
-        `_commit` would have; if it did not, None. The transaction is
-        all-or-nothing, so one run showing our slice committed proves it."""
-        writers = list(groups)
-        rows = await self.store.pool.fetch(
-            "SELECT run_id, last_seq, owner_epoch FROM runs WHERE run_id = ANY($1::text[])",
-            [w.run_id for w in writers],
-        )
-        state = {r[0]: (r[1], r[2]) for r in rows}
-        done = [w for w in writers if state.get(w.run_id) == (groups[w][-1].seq, w.epoch)]
-        if not done:
-            return None
-        crow = await self.store.pool.fetch(
-            "SELECT e.run_id, e.cursor FROM events e"
-            " JOIN unnest($1::text[], $2::bigint[]) AS u(run_id, seq)"
-            " ON e.run_id = u.run_id AND e.seq = u.seq",
-            [w.run_id for w in done],
-            [groups[w][0].seq for w in done],
-        )
-        first = {r[0]: r[1] for r in crow}
-        return {w: first[w.run_id] for w in done if w.run_id in first}
 
     def _after_commit(
         self,
@@ -521,3 +524,31 @@ class Appender:
             self.metrics.publish_lag_seconds.observe(now - it.t_commit)
         self.metrics.published_messages.inc(acked)
         return acked
+
+
+async def _slices_committed(
+    conn: asyncpg.Connection, groups: dict[RunWriter, list[_Entry]]
+) -> dict[RunWriter, int]:
+    """Which writers' slices are committed already, with each one's first
+    cursor (what `_commit` returns for them). A run whose `(last_seq,
+    owner_epoch)` is its writer's slice's last seq and epoch holds that slice:
+    only this writer appends under its epoch, and nothing follows its slice
+    until the slice's batch is resolved."""
+    writers = list(groups)
+    rows = await conn.fetch(
+        "SELECT run_id, last_seq, owner_epoch FROM runs WHERE run_id = ANY($1::text[])",
+        [w.run_id for w in writers],
+    )
+    state = {r[0]: (r[1], r[2]) for r in rows}
+    done = [w for w in writers if state.get(w.run_id) == (groups[w][-1].seq, w.epoch)]
+    if not done:
+        return {}
+    crow = await conn.fetch(
+        "SELECT e.run_id, e.cursor FROM events e"
+        " JOIN unnest($1::text[], $2::bigint[]) AS u(run_id, seq)"
+        " ON e.run_id = u.run_id AND e.seq = u.seq",
+        [w.run_id for w in done],
+        [groups[w][0].seq for w in done],
+    )
+    first = {r[0]: r[1] for r in crow}
+    return {w: first[w.run_id] for w in done if w.run_id in first}

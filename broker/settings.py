@@ -65,7 +65,15 @@ class Settings:
     )
     db_pool_size: int = _opt(8, "PostgreSQL connections per process (connections).")
     db_retry_s: float = _opt(
-        30.0, "How long a commit is retried while PostgreSQL is unreachable (s)."
+        30.0,
+        "How long a read is retried while PostgreSQL is unreachable (s); commits ride out "
+        "storage_outage_grace_s.",
+    )
+    storage_outage_grace_s: float = _opt(
+        120.0,
+        "Longest PostgreSQL outage (or failover) ridden out (s): commits are retried and "
+        "workers keep their runs, buffering up to max_pending_events, for this long; past it "
+        "their writers fail and the runs are left to a takeover.",
     )
     # -- read path
     position_check_s: float = _opt(

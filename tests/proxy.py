@@ -4,24 +4,64 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from urllib.parse import urlsplit
+
+# How long a held chunk's server connection waits for the reply after the
+# chunk is finally forwarded (the server acts on it before replying).
+_HELD_REPLY_WAIT_S = 10.0
 
 
 class CuttingProxy:
     """Forwards 127.0.0.1:<port> to a target. When armed with a marker, the
-    next client→server chunk containing it is forwarded, then both sides are
-    closed before the server's reply can reach the client: the client cannot
-    know whether the server acted on it."""
+    next client→server chunk containing it cuts that connection, in one of
+    three ways (`arm`'s arguments):
+
+    - forwarded, then both sides closed before the server's reply can reach
+      the client: the client cannot know whether the server acted on it;
+    - `forward=False`: dropped, both sides closed: the server never sees it
+      (a transaction in flight rolls back);
+    - `hold_s > 0`: the client side is closed at once, but the chunk reaches
+      the server only `hold_s` later, over a server connection kept open
+      until then (a transaction in flight keeps its locks meanwhile), and is
+      closed once the server replied."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = 0
         self._server: asyncio.Server | None = None
         self._marker: bytes | None = None
+        self._forward = True
+        self._hold_s = 0.0
         self.cuts = 0
+        self._partitioned = False
         self._writers: set[asyncio.StreamWriter] = set()
 
-    def arm(self, marker: bytes) -> None:
+    @classmethod
+    def in_front_of(cls, url: str) -> CuttingProxy:
+        """A proxy to the server of `url` (started with `start`)."""
+        u = urlsplit(url)
+        return cls(u.hostname or "127.0.0.1", u.port or 5432)
+
+    def route(self, url: str) -> str:
+        """`url`, through this (started) proxy."""
+        port = urlsplit(url).port or 5432
+        return url.replace(f":{port}/", f":{self.port}/", 1)
+
+    def arm(self, marker: bytes, *, forward: bool = True, hold_s: float = 0.0) -> None:
         self._marker = marker
+        self._forward = forward
+        self._hold_s = hold_s
+
+    def partition(self) -> None:
+        """Cut every connection and refuse new ones (accepted, then closed)
+        until `heal`: the client side sees its server gone, which stays up
+        for everyone else."""
+        self._partitioned = True
+        for w in list(self._writers):
+            w.close()
+
+    def heal(self) -> None:
+        self._partitioned = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -35,6 +75,9 @@ class CuttingProxy:
             await self._server.wait_closed()
 
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        if self._partitioned:
+            cw.close()
+            return
         try:
             sr, sw = await asyncio.open_connection(*self.target)
         except OSError:
@@ -42,21 +85,34 @@ class CuttingProxy:
             return
         self._writers |= {cw, sw}
         cut = asyncio.Event()
+        replied = asyncio.Event()
 
         async def client_to_server() -> None:
             while data := await cr.read(65536):
-                sw.write(data)
-                await sw.drain()
                 if self._marker is not None and self._marker in data:
                     self._marker = None
                     self.cuts += 1
                     cut.set()
+                    if not self._forward:
+                        return
+                    if self._hold_s > 0:
+                        cw.close()
+                        await asyncio.sleep(self._hold_s)
+                    sw.write(data)
+                    await sw.drain()
+                    if self._hold_s > 0:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(_HELD_REPLY_WAIT_S):
+                                await replied.wait()
                     return
+                sw.write(data)
+                await sw.drain()
 
         async def server_to_client() -> None:
             while data := await sr.read(65536):
                 if cut.is_set():
-                    return
+                    replied.set()
+                    await asyncio.Event().wait()  # client_to_server ends the connection
                 cw.write(data)
                 await cw.drain()
 
@@ -65,6 +121,7 @@ class CuttingProxy:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in tasks:
             t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for w in (cw, sw):
             w.close()
             self._writers.discard(w)

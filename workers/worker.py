@@ -18,7 +18,14 @@ them over (`takeover.py`), and re-sends jobs of runs queued for longer than
 
 Takeover bound: a dead worker's runs are taken over within `lease_s +
 reaper_interval_s` (17 s by default) of its last renewal; a drained worker's
-waiting runs within `reaper_interval_s`.
+waiting runs within `reaper_interval_s` — by a worker that has reached
+PostgreSQL without a failure for `lease_s` (since it started, or since an
+outage): after an outage, the owners renew first.
+
+PostgreSQL outages (up to `storage_outage_grace_s`) are ridden out: a
+worker keeps its runs while renewals fail (lease.py), their events wait in
+the appender's bounded buffer (the model is paused when it is full) and are
+committed when PostgreSQL is back, where the fence decides.
 
 Drain (SIGTERM): no new jobs; runs waiting for an approval are released at
 once (another worker resumes them from their checkpoint); streaming runs get
@@ -103,6 +110,9 @@ class Worker:
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._psub: JetStreamContext.PullSubscription | None = None
+        # When this worker last saw PostgreSQL fail (monotonic; its start
+        # counts): its reaper takes nothing over for a lease after it.
+        self._storage_trouble_at = 0.0
 
     @property
     def active_runs(self) -> list[str]:
@@ -118,6 +128,7 @@ class Worker:
         if self._adapter is None:
             self._adapter = make_adapter(self.settings)
         self.metrics = WorkerMetrics(self.registry, self._tools.names())
+        self._storage_trouble_at = time.monotonic()
         self._psub = await self.broker.bus.js.pull_subscribe(
             JOBS_SUBJECT,
             durable=CONSUMER,
@@ -288,8 +299,11 @@ class Worker:
 
         try:
             lease = asyncio.create_task(
-                keep_lease(b.store, own, self.settings.worker_lease_s, signals, lost)
-            )
+                keep_lease(
+                    b.store, own, self.settings.worker_lease_s, signals, lost,
+                    outage_grace_s=self.settings.storage_outage_grace_s,
+                )
+            )  # fmt: skip
             # Concurrently: they are all on the path to run_start.
             # return_exceptions: every call finishes before we go on (or out),
             # so `follower.close()` below never races a start still in flight.
@@ -345,7 +359,10 @@ class Worker:
         while not self._draining:
             try:
                 await self._reap_once()
-            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, nats.errors.Error) as e:
+            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+                self._storage_trouble_at = time.monotonic()
+                log.warning("reaper round failed: %s", e)
+            except nats.errors.Error as e:
                 log.warning("reaper round failed: %s", e)
             except Exception:
                 log.exception("reaper round failed")
@@ -361,12 +378,28 @@ class Worker:
             return frozenset()
         return frozenset(n for n in reg.names() if (t := reg.get(n)) is not None and t.side_effects)
 
+    def _may_take_over(self) -> bool:
+        """Expired leases are taken over only once this worker has reached
+        PostgreSQL without a failure for `worker_lease_s` — since it started,
+        or since it last saw PostgreSQL fail. After an outage every lease in
+        the table has run out, but the owners still hold their runs
+        (lease.py) and renew within a second or so of PostgreSQL's return:
+        this gives them a lease's time to. It only decides who gets a run,
+        never safety: that is the fence's."""
+        return time.monotonic() - self._storage_trouble_at >= self.settings.worker_lease_s
+
     async def _reap_once(self) -> None:
         store = self.broker.store
         m = self.metrics
         assert m is not None
         s = self.settings
-        for run_id in await store.expired_runs():
+        # Bounded: a round that hangs through an outage and then succeeds
+        # must still count as having seen it.
+        async with asyncio.timeout(s.worker_lease_s / 3):
+            expired = await store.expired_runs()
+        if not self._may_take_over():
+            expired = []
+        for run_id in expired:
             if self._draining:
                 return
             if len(self._runs) >= self.concurrency:

@@ -1,0 +1,173 @@
+"""PostgreSQL outages under streaming runs: ridden out, not turned into
+failures (DESIGN guarantee 10), while fencing still decides every commit.
+
+The outage test stops the private `killable` PostgreSQL for a minute under
+two in-process workers; the partition test cuts one worker off PostgreSQL
+(a CuttingProxy) while it stays up for the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import msgspec
+
+from broker import events
+from broker.runtime import Broker
+from workers.adapters.scripted import ScriptedAdapter
+from workers.metrics import RUN_OUTCOMES, TAKEOVER_OUTCOMES
+from workers.model import Message, ModelRequest, TextChunk
+from workers.worker import Worker
+
+from .databases import fresh_database
+from .helpers import KillableStack, make_settings, sample
+from .proxy import CuttingProxy
+from .workerkit import of, running_worker, start, stored, text_of, wait_until
+
+_OUTAGE_S = 60.0
+
+
+async def _scripted_text(input: str) -> str:
+    """What the scripted model answers to `input` (as fast as it can)."""
+    stream = ScriptedAdapter(tokens_per_s=0).stream(
+        ModelRequest(messages=[Message(role="user", content=input)])
+    )
+    return "".join([item.text async for item in stream if isinstance(item, TextChunk)])
+
+
+def _outcomes(w: Worker, name: str, labels: tuple[str, ...]) -> dict[str, float]:
+    assert w.metrics is not None
+    return {o: sample(w.metrics, name, outcome=o) for o in labels}
+
+
+async def _wait_ended(b: Broker, run_ids: list[str], timeout_s: float) -> None:
+    async def all_ended() -> bool:
+        return all([(await b.store.run_head(r))[1] for r in run_ids])
+
+    await wait_until(all_ended, timeout_s=timeout_s, interval_s=0.2)
+
+
+async def test_postgres_down_for_a_minute_fails_no_streaming_run(
+    killable: KillableStack,
+) -> None:
+    """16 runs stream on two workers (leases of 3 s) while PostgreSQL is
+    down for 60 s: the workers keep their runs, buffer (bounded: the models
+    wait once `max_pending_events` are pending), commit when it is back, and
+    no worker takes over another's runs. Every run completes with exactly
+    the scripted text, each seq once."""
+    async with fresh_database(killable, "outage") as database_url:
+        settings = dataclasses.replace(make_settings(killable), database_url=database_url)
+        # Slots to spare on both (24 for 16 runs): a reaper that took expired
+        # runs over after the outage would have room to.
+        n_runs, concurrency = 16, 12
+        expected = await _scripted_text("long")
+        tuning: dict[str, Any] = {"scripted_tokens_per_s": 200.0, "max_pending_events": 2000}
+        async with (
+            running_worker(settings, concurrency=concurrency, **tuning) as (b, w1),
+            running_worker(settings, concurrency=concurrency, purge=False, **tuning) as (b2, w2),
+        ):
+            run_ids = [(await start(b, "long"))[1] for _ in range(n_runs)]
+
+            async def all_streaming() -> bool:
+                heads = [(await b.store.run_head(r))[0] for r in run_ids]
+                return min(heads) >= 50
+
+            await wait_until(all_streaming, timeout_s=60)
+            placed = {w: len(w.active_runs) for w in (w1, w2)}
+            assert sum(placed.values()) == n_runs and min(placed.values()) >= 1, placed
+            killable.pg.kill()
+            await killable.pg.wait_stopped()
+            t_down = time.monotonic()
+            await asyncio.sleep(_OUTAGE_S)
+            # Both buffers filled up and stopped there: every run's model waits.
+            for broker in (b, b2):
+                pending = sample(broker.metrics, "runlog_append_pending_events")
+                assert pending == tuning["max_pending_events"]
+            await killable.pg.restart()
+            await _wait_ended(b, run_ids, timeout_s=90)
+            assert time.monotonic() - t_down >= _OUTAGE_S
+
+            # Nobody took a run over: each is still under the epoch it started with.
+            assert [(await b.store.get_run(r)).owner_epoch for r in run_ids] == [1] * n_runs
+            # Each log contiguous from 1, each seq once (`stored` checks).
+            logs = {run_id: await stored(b, run_id) for run_id in run_ids}
+            assert {r: [e.code for e in of(evs, events.RunError)] for r, evs in logs.items()} == {
+                r: [] for r in run_ids
+            }
+            for evs in logs.values():
+                assert [
+                    e.__struct_config__.tag for e in evs if not isinstance(e, events.TextDelta)
+                ] == [
+                    "run_start",
+                    "run_end",
+                ]
+                end = evs[-1]
+                assert isinstance(end, events.RunEnd) and end.status == "completed"
+                assert text_of(evs) == expected
+                assert len(of(evs, events.TextDelta)) == 2000
+            for w, broker in ((w1, b), (w2, b2)):
+                runs = _outcomes(w, "runlog_worker_runs_total", RUN_OUTCOMES)
+                assert runs == {**dict.fromkeys(RUN_OUTCOMES, 0.0), "completed": float(placed[w])}
+                takeovers = _outcomes(w, "runlog_worker_takeovers_total", TAKEOVER_OUTCOMES)
+                assert takeovers == dict.fromkeys(TAKEOVER_OUTCOMES, 0.0)
+                assert sample(broker.metrics, "runlog_append_fenced_total") == 0
+                # The outage did reach the commit path of both.
+                assert (
+                    sample(broker.metrics, "runlog_append_flush_errors_total", kind="connection")
+                    > 0
+                )
+
+
+async def test_worker_cut_off_postgres_is_fenced_when_it_comes_back(
+    killable: KillableStack,
+) -> None:
+    """PostgreSQL stays up for everyone but worker A (a partition): A keeps
+    its streaming run and buffers, as in an outage, but its lease runs out
+    where PostgreSQL is, and worker B takes the run over and ends it. When A
+    reaches PostgreSQL again its buffered commit is refused by the fence, its
+    renewal finds the run lost, and nothing of A's lands after B's end."""
+    async with fresh_database(killable, "partition") as database_url:
+        settings = dataclasses.replace(make_settings(killable), database_url=database_url)
+        proxy = CuttingProxy.in_front_of(settings.database_url)
+        await proxy.start()
+        via_proxy = dataclasses.replace(settings, database_url=proxy.route(settings.database_url))
+        try:
+            async with running_worker(via_proxy, concurrency=4, scripted_tokens_per_s=50.0) as (
+                b_a,
+                w_a,
+            ):
+                _, run_id = await start(b_a, "long")
+
+                async def streaming() -> bool:
+                    return (await b_a.store.run_head(run_id))[0] >= 20
+
+                await wait_until(streaming)
+                assert w_a.active_runs == [run_id]
+                async with running_worker(settings, purge=False) as (b_b, w_b):
+                    proxy.partition()
+                    await _wait_ended(b_b, [run_id], timeout_s=60)  # taken over and ended by B
+                    head = await stored(b_b, run_id)
+                    assert w_a.active_runs == [run_id]  # A kept it through the cut
+                    proxy.heal()
+
+                    async def a_gave_up() -> bool:
+                        return not w_a.active_runs
+
+                    await wait_until(a_gave_up)
+                    after = await stored(b_b, run_id)
+                    assert w_b.metrics is not None and w_a.metrics is not None
+                    takeovers = _outcomes(w_b, "runlog_worker_takeovers_total", TAKEOVER_OUTCOMES)
+                    a_runs = _outcomes(w_a, "runlog_worker_runs_total", RUN_OUTCOMES)
+                    a_fenced = sample(b_a.metrics, "runlog_append_fenced_total")
+            err, end = head[-2], head[-1]
+            assert isinstance(err, events.RunError) and err.code == "worker_lost"
+            assert isinstance(end, events.RunEnd) and end.status == "failed"
+            assert [msgspec.json.encode(e) for e in after] == [msgspec.json.encode(e) for e in head]
+            assert takeovers == {**dict.fromkeys(TAKEOVER_OUTCOMES, 0.0), "failed": 1.0}
+            assert a_runs == {**dict.fromkeys(RUN_OUTCOMES, 0.0), "lost": 1.0}
+            assert a_fenced == 1  # its buffered batch, refused once
+        finally:
+            await proxy.stop()
