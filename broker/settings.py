@@ -84,8 +84,8 @@ class Settings:
     page_max_events: int = _opt(1000, "Most events in one page of a replay (events).")
     live_buffer_max: int = _opt(
         10000,
-        "Most live events a subscription buffers while it replays (events); past it, the "
-        "buffer is dropped and refilled from PostgreSQL.",
+        "Most live events a subscription holds unread (events); past it, newer live batches "
+        "are dropped and the subscription fills the gap from PostgreSQL.",
     )
     # -- JetStream retention (the live feed is short-lived; PostgreSQL keeps the log)
     events_max_age_s: float = _opt(

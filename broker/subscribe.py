@@ -70,9 +70,9 @@ class Subscription:
         # (ms, wall clock); 0 when it came from PostgreSQL.
         self.committed_ms = 0.0
         self._replaying = True
-        self._queue: asyncio.Queue[LiveBatch] = asyncio.Queue(
-            maxsize=max(1, settings.live_buffer_max // 16)
-        )
+        # Live batches not read yet, bounded by the events they hold (below).
+        self._queue: asyncio.Queue[LiveBatch] = asyncio.Queue()
+        self._queued_events = 0
         self._overflowed = False
         self._nats_sub: NatsSubscription | None = None
         self._by_run = run_id is not None
@@ -143,6 +143,7 @@ class Subscription:
                     )
                 else:
                     batch = self._queue.get_nowait()
+                self._queued_events -= len(batch.events)
             except TimeoutError:
                 self.committed_ms = 0.0
                 page = await self._check_position()
@@ -165,11 +166,14 @@ class Subscription:
             return self._deliver(items)
 
     def _on_live(self, batch: LiveBatch) -> None:
-        try:
-            self._queue.put_nowait(batch)
-        except asyncio.QueueFull:
+        n = len(batch.events)
+        if self._queued_events and self._queued_events + n > self.settings.live_buffer_max:
             # Drop it; the next batch or the position check reveals the hole.
+            # (One batch is always taken, however large: a hole has to end.)
             self._overflowed = True
+            return
+        self._queued_events += n
+        self._queue.put_nowait(batch)
 
     def _key(self, e: StoredEvent) -> int:
         return e.seq if self._by_run else e.cursor

@@ -358,7 +358,7 @@ async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgre
     settings: Settings,
 ) -> None:
     """A subscription whose consumer does not read while a writer appends
-    fast: its live queue (one batch: live_buffer_max 16) overflows and the
+    fast: its live queue (live_buffer_max 16 events: three batches of 5) overflows and the
     later batches are dropped. Reading again, the consumer gets every event
     once, in order: the quiet live feed leads to a position check, which
     fills the hole from PostgreSQL as an overflow."""
@@ -408,3 +408,45 @@ def _set(event: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
         event.set()
 
     return cb
+
+
+async def test_live_buffer_max_counts_events(settings: Settings) -> None:
+    """`live_buffer_max` bounds the live *events* a subscription holds unread,
+    as documented: with 10 and batches of 4, two batches wait (8 events), the
+    third would make 12 and is dropped; the rest comes from PostgreSQL."""
+    small = dataclasses.replace(settings, live_buffer_max=10)
+    b = await Broker.connect(small, registry=CollectorRegistry(), name="test-buffer-events")
+    witness: asyncio.Event = asyncio.Event()
+    marker = await b.bus.nc.subscribe(f"test.marker.{secrets.token_hex(4)}", cb=_set(witness))
+    sub = None
+    try:
+        _, run_id = await new_run(b.store)
+        w = await b.claim(run_id, "w")
+        sub = await b.subscribe(run_id=run_id, after=0)
+        await w.append(text(0))
+        await w.flush()
+        assert [e.seq for e in await collect(sub, 1)] == [1]
+        for r in range(5):  # batches of 4, nothing read meanwhile
+            for i in range(4):
+                await w.append(text(1 + r * 4 + i))
+            await w.flush()
+        await wait_until(lambda: _published(b, 6))
+        await b.bus.nc.publish(marker.subject, b"")  # after every batch, on the same connection
+        await asyncio.wait_for(witness.wait(), 10)
+        live: list[int] = []
+        while True:
+            batch = await asyncio.wait_for(sub.__anext__(), 10)
+            if not sub.committed_ms:  # read from PostgreSQL: the live buffer is spent
+                assert [e.seq for e in batch] == list(range(len(live) + 2, 22))
+                break
+            live += [e.seq for e in batch]
+        assert live == list(range(2, 10))  # two batches of 4 were held
+    finally:
+        if sub is not None:
+            await sub.close()
+        await marker.unsubscribe()
+        await b.close()
+
+
+async def _published(b: Broker, n: int) -> bool:
+    return sample(b.metrics, "runlog_publish_messages_total") == n
