@@ -25,7 +25,7 @@ from workers.worker import Worker
 from .databases import fresh_database
 from .helpers import KillableStack, make_settings, sample
 from .proxy import CuttingProxy
-from .workerkit import of, running_worker, start, stored, text_of, wait_until
+from .workerkit import of, running_worker, start, stored, text_of, wait_event, wait_until
 
 _OUTAGE_S = 60.0
 
@@ -171,3 +171,35 @@ async def test_worker_cut_off_postgres_is_fenced_when_it_comes_back(
             assert a_fenced == 1  # its buffered batch, refused once
         finally:
             await proxy.stop()
+
+
+async def test_a_run_that_asks_for_approval_during_an_outage_waits_it_out(
+    killable: KillableStack,
+) -> None:
+    """PostgreSQL goes down while a tool runs; the next step stores an
+    approval and a checkpoint. Those writes wait for PostgreSQL as commits do
+    (up to storage_outage_grace_s), not db_retry_s, which bounds reads: the
+    run asks, is approved after the outage, and completes under its epoch."""
+    async with fresh_database(killable, "outage_approval") as database_url:
+        settings = dataclasses.replace(
+            make_settings(killable), database_url=database_url, db_retry_s=2.0
+        )
+        async with running_worker(settings) as (b, w):
+            _, run_id = await start(b, "slow tool: tell me about approvals")
+            await wait_event(b, run_id, "progress")  # search_docs runs for ~10 s
+            killable.pg.kill()
+            await killable.pg.wait_stopped()
+            # Down past the tool's end and past db_retry_s after it.
+            await asyncio.sleep(14.0)
+            await killable.pg.restart()
+            req = await wait_event(b, run_id, "approval_required", timeout_s=60)
+            assert isinstance(req, events.ApprovalRequired)
+            await b.decide(req.approval_id, "approve", "bob")
+            await _wait_ended(b, [run_id], timeout_s=60)
+            evs = await stored(b, run_id)
+            assert [e.code for e in of(evs, events.RunError)] == []
+            assert evs[-1].status == "completed"  # type: ignore[union-attr]
+            assert (await b.store.get_run(run_id)).owner_epoch == 1
+            assert [r.status for r in of(evs, events.ToolResult)] == ["ok", "ok"]
+            runs = _outcomes(w, "runlog_worker_runs_total", RUN_OUTCOMES)
+            assert runs == {**dict.fromkeys(RUN_OUTCOMES, 0.0), "completed": 1.0}

@@ -116,8 +116,9 @@ class Agent:
             log.info("run %s: ownership lost; another worker has it", ctx.run.run_id)
             return "lost"
         except errors.RunlogError as e:
-            # PostgreSQL unreachable for longer than db_retry_s: stop writing;
-            # the lease runs out and another worker ends or resumes the run.
+            # PostgreSQL unreachable for longer than storage_outage_grace_s
+            # (or a read for longer than db_retry_s): stop writing; the lease
+            # runs out and another worker ends or resumes the run.
             log.warning("run %s: cannot write (%s); leaving it to a takeover", ctx.run.run_id, e)
             return "lost"
 
@@ -297,7 +298,12 @@ class Agent:
             # Ending while waiting: close the approval first, so that once
             # run_end is visible a late decision gets approval_expired.
             # Fenced: if another worker owns the run now, StaleEpoch (we stop).
-            await approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id, ctx.writer.epoch)
+            await ctx.write(
+                lambda: approvals.close_open_for_run(
+                    ctx.store.pool, ctx.run.run_id, ctx.writer.epoch
+                ),
+                "approval close",
+            )
         await ctx.append(last)
         await ctx.writer.flush()
         ctx.metrics.events_per_run.observe(ctx.writer.last_seq)

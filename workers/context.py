@@ -22,7 +22,7 @@ from typing import TypeVar
 from broker import events
 from broker.log import RunWriter
 from broker.settings import Settings
-from broker.store import RunInfo, Store
+from broker.store import RunInfo, Store, retry_transient
 
 from .errors import RunFailure
 from .metrics import WorkerMetrics
@@ -107,6 +107,13 @@ class RunContext:
         ):
             self.produced_output = True
         return await self.writer.append(event)
+
+    async def write(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        """A fenced write made on the run's behalf (approval, checkpoint),
+        retried while PostgreSQL is unreachable for as long as commits are
+        (`storage_outage_grace_s`): fencing decides it once PostgreSQL is back,
+        so waiting is safe, and an outage fails no run (DESIGN guarantee 10)."""
+        return await retry_transient(call, for_s=self.settings.storage_outage_grace_s, what=what)
 
     # -- cutting phases short
 

@@ -32,7 +32,7 @@ import asyncpg
 import msgspec
 
 from broker import approvals, errors, events, ids
-from broker.store import TRANSIENT_DB_ERRORS, retry_transient
+from broker.store import TRANSIENT_DB_ERRORS
 
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure, ToolError
@@ -160,7 +160,7 @@ async def request_approval(
     state.approval_summary = tool.approval_summary(call.arguments)
     # Fenced by the epoch like every write of ours: a worker that lost the run
     # meanwhile gets StaleEpoch here and leaves no approval behind.
-    await retry_transient(
+    await ctx.write(
         lambda: approvals.create(
             ctx.store.pool,
             approval_id=state.approval_id,
@@ -170,8 +170,7 @@ async def request_approval(
             summary=state.approval_summary,
             expires_at_ms=state.approval_expires_at,
         ),
-        for_s=s.db_retry_s,
-        what="approval create",
+        "approval create",
     )
     # The checkpoint records where the log ends before approval_required, so
     # a takeover can tell what of the approval made it into the log.
@@ -197,10 +196,8 @@ async def append_request(ctx: RunContext, state: AgentState) -> None:
 
 async def _checkpoint(ctx: RunContext, data: bytes | None, status: str) -> bool:
     w = ctx.writer
-    return await retry_transient(
-        lambda: ctx.store.save_checkpoint(w.run_id, w.epoch, data, status),
-        for_s=ctx.settings.db_retry_s,
-        what="checkpoint",
+    return await ctx.write(
+        lambda: ctx.store.save_checkpoint(w.run_id, w.epoch, data, status), "checkpoint"
     )
 
 
