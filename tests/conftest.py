@@ -17,15 +17,18 @@ import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
+import aiohttp
 import psutil
 import pytest
 import pytest_asyncio
+from playwright.async_api import Browser, async_playwright
 
 from broker import migrate
 from broker.embedded import NatsProcess, PostgresProcess
 from broker.runtime import Broker
 from broker.settings import Settings
 
+from .browser_helpers import CHROMIUM, LAUNCH_ARGS
 from .helpers import FIXTURE_TASK_PREFIX, KillableStack, Stack, make_settings
 
 
@@ -76,6 +79,24 @@ async def killable(tmp_root: Path) -> AsyncIterator[KillableStack]:
 @pytest.fixture(scope="session")
 def settings(stack: Stack) -> Settings:
     return make_settings(stack)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -16,9 +16,20 @@ _KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 OP_TEXT, OP_CLOSE = 0x1, 0x8
 
 
+async def _open(port: int, rcvbuf: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A loopback connection whose client end takes little from the socket."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    # A small limit: the reader stops taking data from the socket at 2x it.
+    return await asyncio.open_connection(sock=sock, limit=16 * 1024)
+
+
 class _Raw:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
 
     @property
     def local_port(self) -> int:
@@ -60,21 +71,12 @@ class _Raw:
 
 
 class RawWs(_Raw):
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
     @classmethod
     async def connect(
         cls, port: int, token: str, *, rcvbuf: int = 4096, extra_headers: str = ""
     ) -> tuple[RawWs, bytes]:
         """Upgrade to a WebSocket; returns the client and the response head."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        # A small limit: the reader stops taking data from the socket at 2x it.
-        reader, writer = await asyncio.open_connection(sock=sock, limit=16 * 1024)
+        reader, writer = await _open(port, rcvbuf)
         writer.write(
             f"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {_KEY}\r\nSec-WebSocket-Version: 13\r\n{extra_headers}"
@@ -134,18 +136,9 @@ class RawWs(_Raw):
 
 
 class RawSse(_Raw):
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
     @classmethod
     async def connect(cls, port: int, path: str, token: str, *, rcvbuf: int = 4096) -> RawSse:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        # A small limit: the reader stops taking data from the socket at 2x it.
-        reader, writer = await asyncio.open_connection(sock=sock, limit=16 * 1024)
+        reader, writer = await _open(port, rcvbuf)
         writer.write(
             f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
             f"Authorization: Bearer {token}\r\n\r\n".encode()

@@ -18,15 +18,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, WebSocketRoute, async_playwright, expect
+from playwright.async_api import Browser, Page, WebSocketRoute, expect
 
 from broker.settings import Settings
 from gateway import auth
 
 from .browser_helpers import (
     ARTIFACTS,
-    CHROMIUM,
-    LAUNCH_ARGS,
     ROOT,
     WAIT_MS,
     Pages,
@@ -91,18 +89,6 @@ async def cluster(settings: Settings, tmp_root: Path) -> AsyncIterator[Cluster]:
             await p.stop()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def browser() -> AsyncIterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def pages(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Pages]:
     p = Pages(browser, request.node.name)
@@ -116,12 +102,6 @@ async def pages(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterat
         if request.session.testsfailed > failed_before:
             await p.save_artifacts()
         await p.close()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as h:
-        yield h
 
 
 async def _session(http: aiohttp.ClientSession, url: str, token: str, title: str = "browser test",

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from broker import events
 from broker.runtime import Broker
@@ -33,12 +31,6 @@ from .helpers import KillableStack, make_settings
 from .rawclient import OP_CLOSE, RawWs
 
 _BIG = "x" * 2000
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 def _nothing_left(g: RunningGateway) -> bool:

@@ -24,12 +24,6 @@ async def gw(settings: Settings) -> AsyncIterator[RunningGateway]:
         yield g
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 async def test_session_run_and_pages(gw: RunningGateway, http: aiohttp.ClientSession,
                                      broker: Broker) -> None:  # fmt: skip
     sid = await session_with(http, gw, "alice", bob="viewer")

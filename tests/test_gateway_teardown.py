@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from aiohttp import web
 
 from broker import events
@@ -43,12 +41,6 @@ _SMALL_QUEUE = {"send_queue_max_bytes": 256 * 1024, "send_queue_lag_bytes": 64 *
 _LARGE_QUEUE = {"send_queue_max_bytes": 64 << 20, "send_queue_lag_bytes": 64 << 20, **_QUIET}
 # More than the kernel buffers on both ends of a loopback connection hold.
 _BLOCKING_EVENTS = 4000
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 def _conns(g: RunningGateway, kind: str) -> float | None:
@@ -139,21 +131,27 @@ async def test_slow_ws_client_reads_its_disconnect_with_the_exact_cursor_then_th
             await slow.close()
 
 
-async def test_a_ws_client_that_never_reads_again_is_cut_within_the_bound(
-    settings: Settings, http: aiohttp.ClientSession, broker: Broker
+@pytest.mark.parametrize("kind", ["ws", "sse"])
+async def test_a_client_that_never_reads_again_is_cut_within_the_bound(
+    kind: str, settings: Settings, http: aiohttp.ClientSession, broker: Broker
 ) -> None:
     async with running_gateway(settings, **_SMALL_QUEUE) as g:
         sid = await session_with(http, g, "alice")
         run_id, w = await write_run(broker, sid, 0, end=False)
-        slow = await _subscribed_raw_ws(g, run_id)
+        slow: RawWs | RawSse
+        if kind == "ws":
+            slow = await _subscribed_raw_ws(g, run_id)
+        else:
+            slow = await RawSse.connect(g.port, f"/v1/runs/{run_id}/events", g.token("alice"))
         try:
-            await _stream_until(g, w, lambda: _slow(g, "ws") == 1)
+            await eventually(lambda: _conns(g, kind) == 1)
+            await _stream_until(g, w, lambda: _slow(g, kind) == 1)
             # More keeps coming for a while: none of it may queue up anywhere.
             for i in range(200):
                 await w.append(events.TextDelta(message_id=f"late{i}", delta=_BIG))
             await w.flush()
             await eventually(lambda: not slow.server_side_open(g.port), what="socket cut")
-            await eventually(lambda: _conns(g, "ws") == 0, what="connection gone")
+            await eventually(lambda: _conns(g, kind) == 0, what="connection gone")
             _assert_nothing_left(g)
         finally:
             await slow.close()
@@ -227,26 +225,6 @@ async def test_slow_sse_client_reads_its_disconnect_with_the_exact_cursor(
             assert d["cursor"] == (ids[-1] if ids else 0)
             await eventually(lambda: _conns(g, "sse") == 0, what="SSE stream ended")
             await eventually(lambda: not slow.server_side_open(g.port), what="socket closed")
-            _assert_nothing_left(g)
-        finally:
-            await slow.close()
-
-
-async def test_an_sse_client_that_never_reads_again_is_cut_within_the_bound(
-    settings: Settings, http: aiohttp.ClientSession, broker: Broker
-) -> None:
-    async with running_gateway(settings, **_SMALL_QUEUE) as g:
-        sid = await session_with(http, g, "alice")
-        run_id, w = await write_run(broker, sid, 0, end=False)
-        slow = await RawSse.connect(g.port, f"/v1/runs/{run_id}/events", g.token("alice"))
-        try:
-            await eventually(lambda: _conns(g, "sse") == 1)
-            await _stream_until(g, w, lambda: _slow(g, "sse") == 1)
-            for i in range(200):
-                await w.append(events.TextDelta(message_id=f"late{i}", delta=_BIG))
-            await w.flush()
-            await eventually(lambda: not slow.server_side_open(g.port), what="socket cut")
-            await eventually(lambda: _conns(g, "sse") == 0, what="stream gone")
             _assert_nothing_left(g)
         finally:
             await slow.close()

@@ -32,12 +32,6 @@ async def gw2(settings: Settings) -> AsyncIterator[RunningGateway]:
         yield g
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def seqs(got: list[tuple[int, dict]]) -> list[int]:
     assert all(c == e["seq"] for c, e in got)  # a run topic's cursor is the seq
     return [c for c, _ in got]

@@ -28,14 +28,14 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, WebSocket, WebSocketRoute, async_playwright
+from playwright.async_api import Browser, Page, WebSocket, WebSocketRoute
 
 from broker import approvals, events, ids
 from broker.runtime import Broker
 from broker.settings import Settings
 from runlog.client import Client, ClientError
 
-from .browser_helpers import CHROMIUM, LAUNCH_ARGS, WAIT_MS, Pages
+from .browser_helpers import WAIT_MS, Pages
 from .gw import RunningGateway, append_text, running_gateway, session_with, write_run, ws_connect
 from .helpers import KillableStack, make_settings
 from .proxy import CuttingProxy
@@ -84,24 +84,6 @@ async def _cancelling(tasks: list[asyncio.Task[Any]]) -> AsyncIterator[None]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def browser() -> AsyncIterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
-    async with async_playwright() as pw:
-        b = await pw.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
