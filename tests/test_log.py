@@ -19,6 +19,7 @@ from broker import errors, events
 from broker.metrics import GAP_FILL_REASONS as GAP_REASONS
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.subscribe import Subscription
 
 from . import appendproc
 from .databases import fresh_database
@@ -354,16 +355,17 @@ async def test_two_processes_sharing_sessions_never_deadlock(killable: KillableS
             assert await store.session_head(sid) == n
 
 
-async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgres(
-    settings: Settings,
-) -> None:
-    """A subscription whose consumer does not read while a writer appends
-    fast: its live queue (live_buffer_max 16 events: three batches of 5) overflows and the
-    later batches are dropped. Reading again, the consumer gets every event
-    once, in order: the quiet live feed leads to a position check, which
-    fills the hole from PostgreSQL as an overflow."""
-    small = dataclasses.replace(settings, live_buffer_max=16)
-    b = await Broker.connect(small, registry=CollectorRegistry(), name="test-overflow")
+@asynccontextmanager
+async def _stalled_subscriber(
+    settings: Settings, live_buffer_max: int, rounds: int, per_round: int
+) -> AsyncIterator[tuple[Broker, Subscription]]:
+    """A subscription (with `live_buffer_max`) that has read seq 1, then
+    reads nothing while `rounds` batches of `per_round` events are committed
+    and offered to it; yields once every one of them reached its live queue."""
+    b = await Broker.connect(
+        dataclasses.replace(settings, live_buffer_max=live_buffer_max),
+        registry=CollectorRegistry(), name="test-stalled",
+    )  # fmt: skip
     witness: asyncio.Event = asyncio.Event()
     marker = await b.bus.nc.subscribe(f"test.marker.{secrets.token_hex(4)}", cb=_set(witness))
     sub = None
@@ -374,8 +376,7 @@ async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgre
         await w.append(text(0))
         await w.flush()
         assert [e.seq for e in await collect(sub, 1)] == [1]
-        rounds, per_round = 30, 5
-        for r in range(rounds):  # the consumer reads nothing meanwhile
+        for r in range(rounds):
             for i in range(per_round):
                 await w.append(text(1 + r * per_round + i))
             await w.flush()
@@ -388,14 +389,7 @@ async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgre
         # after them: once it is here, every batch was offered to the queue.
         await b.bus.nc.publish(marker.subject, b"")
         await asyncio.wait_for(witness.wait(), 10)
-
-        got = await collect(sub, rounds * per_round)
-        assert_contiguous(got, first=2)
-        assert len(got) == rounds * per_round
-        fills = {
-            r: sample(b.metrics, "runlog_subscribe_gap_fills_total", reason=r) for r in GAP_REASONS
-        }
-        assert fills == {"gap": 0, "position_check": 0, "overflow": 1}
+        yield b, sub
     finally:
         if sub is not None:
             await sub.close()
@@ -410,29 +404,29 @@ def _set(event: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
     return cb
 
 
+async def test_slow_subscriber_overflows_its_live_queue_and_refills_from_postgres(
+    settings: Settings,
+) -> None:
+    """A subscription whose consumer does not read while a writer appends
+    fast: its live queue (live_buffer_max 16 events: three batches of 5)
+    overflows and the later batches are dropped. Reading again, the consumer
+    gets every event once, in order: the quiet live feed leads to a position
+    check, which fills the hole from PostgreSQL as an overflow."""
+    async with _stalled_subscriber(settings, 16, rounds=30, per_round=5) as (b, sub):
+        got = await collect(sub, 150)
+        assert_contiguous(got, first=2)
+        assert len(got) == 150
+        fills = {
+            r: sample(b.metrics, "runlog_subscribe_gap_fills_total", reason=r) for r in GAP_REASONS
+        }
+        assert fills == {"gap": 0, "position_check": 0, "overflow": 1}
+
+
 async def test_live_buffer_max_counts_events(settings: Settings) -> None:
     """`live_buffer_max` bounds the live *events* a subscription holds unread,
     as documented: with 10 and batches of 4, two batches wait (8 events), the
     third would make 12 and is dropped; the rest comes from PostgreSQL."""
-    small = dataclasses.replace(settings, live_buffer_max=10)
-    b = await Broker.connect(small, registry=CollectorRegistry(), name="test-buffer-events")
-    witness: asyncio.Event = asyncio.Event()
-    marker = await b.bus.nc.subscribe(f"test.marker.{secrets.token_hex(4)}", cb=_set(witness))
-    sub = None
-    try:
-        _, run_id = await new_run(b.store)
-        w = await b.claim(run_id, "w")
-        sub = await b.subscribe(run_id=run_id, after=0)
-        await w.append(text(0))
-        await w.flush()
-        assert [e.seq for e in await collect(sub, 1)] == [1]
-        for r in range(5):  # batches of 4, nothing read meanwhile
-            for i in range(4):
-                await w.append(text(1 + r * 4 + i))
-            await w.flush()
-        await wait_until(lambda: _published(b, 6))
-        await b.bus.nc.publish(marker.subject, b"")  # after every batch, on the same connection
-        await asyncio.wait_for(witness.wait(), 10)
+    async with _stalled_subscriber(settings, 10, rounds=5, per_round=4) as (_, sub):
         live: list[int] = []
         while True:
             batch = await asyncio.wait_for(sub.__anext__(), 10)
@@ -441,12 +435,3 @@ async def test_live_buffer_max_counts_events(settings: Settings) -> None:
                 break
             live += [e.seq for e in batch]
         assert live == list(range(2, 10))  # two batches of 4 were held
-    finally:
-        if sub is not None:
-            await sub.close()
-        await marker.unsubscribe()
-        await b.close()
-
-
-async def _published(b: Broker, n: int) -> bool:
-    return sample(b.metrics, "runlog_publish_messages_total") == n
