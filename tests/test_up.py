@@ -25,7 +25,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from broker.embedded import LOOPBACK, free_port
+from broker.embedded import LOOPBACK, free_port, port_is_free
 from broker.settings import Settings
 from gateway import auth
 from runlog.client import Client
@@ -44,18 +44,8 @@ def _consecutive_free_ports(n: int) -> int:
     """A port p with p .. p+n-1 free right now (gateways take consecutive ports)."""
     while True:
         base = free_port()
-        if base + n <= 65535 and all(_port_free(base + i) for i in range(1, n)):
+        if base + n <= 65535 and all(port_is_free(base + i) for i in range(1, n)):
             return base
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-        return True
 
 
 def _listener_pid(port: int) -> int | None:
