@@ -35,6 +35,7 @@ _ALGORITHMS = ["HS256"]
 class Principal:
     user: str
     expires_at: float  # s since the epoch
+    issued_at: float = 0.0  # s since the epoch (`iat`)
 
 
 def mint(settings: Settings, user: str, ttl_s: float | None = None) -> str:
@@ -60,7 +61,9 @@ def verify(settings: Settings, token: str) -> Principal:
     sub = claims.get("sub")
     if not isinstance(sub, str) or not sub or len(sub) > 200:
         raise errors.Unauthorized("invalid token: bad subject")
-    return Principal(user=sub, expires_at=float(claims["exp"]))
+    iat = claims.get("iat")
+    issued_at = float(iat) if isinstance(iat, int | float) else 0.0
+    return Principal(user=sub, expires_at=float(claims["exp"]), issued_at=issued_at)
 
 
 def bearer(header: str | None) -> str | None:
