@@ -166,6 +166,17 @@ class PortInUse(ClientError):
         super().__init__(f"port {port} is in use ({what}); stop what uses it or set {env} / {flag}")
 
 
+class InvalidSetting(ClientError):
+    """A setting's value cannot be used: the deployment's fault, told in one line
+    naming the setting (`runlog` exits 2) before the process serves anything."""
+
+    code = "invalid_setting"
+
+    def __init__(self, setting: str, value: str, why: str) -> None:
+        env, flag = "RUNLOG_" + setting.upper(), "--" + setting.replace("_", "-")
+        super().__init__(f"{env} / {flag}: {value!r} {why}")
+
+
 class MigrationError(RunlogError):
     code = "migration_failed"
 

@@ -112,6 +112,12 @@ class Settings:
         "URL clients reach the gateway at (for links and the Origin allow-list); "
         "empty: http://<gateway_host>:<gateway_port>.",
     )
+    gateway_urls: str = _opt(
+        "",
+        "Comma-separated public URLs of this deployment's gateways: the only ones the web "
+        "console may connect to (its failover list is checked against them; served at "
+        "GET /v1/config; the page's CSP connect-src). Empty: public_url alone.",
+    )
     jwt_secret: str = _opt(
         "runlog-development-secret-change-me-in-production",
         "HMAC secret for bearer tokens (HS256). Set it in production: the default is public.",

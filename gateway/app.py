@@ -18,7 +18,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import auth, openapi, rest, ws
+from . import auth, console, openapi, rest, ws
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -126,18 +126,11 @@ async def openapi_doc(request: web.Request) -> web.Response:
     return json_response(openapi.document())
 
 
-# The console runs only its own scripts; it may talk to any gateway it is given.
-_CONSOLE_CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self' http: https: ws: wss:; object-src 'none'; base-uri 'none'; "
-    "frame-ancestors 'none'; form-action 'none'"
-)
-
-
 async def index(request: web.Request) -> web.StreamResponse:
     page = STATIC_DIR / "index.html"
     if page.exists():
-        return web.FileResponse(page, headers={"Content-Security-Policy": _CONSOLE_CSP})
+        csp = request.app[console.CONSOLE].csp  # connects to the listed gateways only
+        return web.FileResponse(page, headers={"Content-Security-Policy": csp})
     return web.Response(text="runlog gateway\n", content_type="text/plain")
 
 
@@ -153,6 +146,7 @@ def build_app(
         middlewares=[cors_preflight, error_middleware], client_max_size=settings.max_message_bytes
     )
     app[REGISTRY] = registry
+    app[console.CONSOLE] = console.ConsoleConfig.from_settings(settings)
     app.on_response_prepare.append(_cors_headers)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -175,6 +169,7 @@ def build_app(
     r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics)
     r.add_get("/v1/openapi.json", openapi_doc)
+    r.add_get("/v1/config", console.config)
     r.add_get("/v1/ws", ws.handle_ws)
     r.add_post("/v1/sessions", rest.create_session)
     r.add_get("/v1/sessions", rest.list_sessions)

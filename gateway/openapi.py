@@ -69,6 +69,18 @@ _CURSOR_PARAMS = [
 ]
 
 
+def _config_op() -> dict[str, Any]:
+    """`GET /v1/config` needs no token: a console reads it before it has one."""
+    op = _op("This deployment's public facts: the gateways a console may use")
+    op["security"] = []
+    op["responses"]["200"]["content"] = {"application/json": {"schema": {
+        "type": "object",
+        "properties": {"gateways": {"type": "array", "items": {"type": "string"}}},
+        "required": ["gateways"],
+    }}}  # fmt: skip
+    return op
+
+
 @functools.cache
 def document() -> dict[str, Any]:
     bodies = (rest.CreateSession, rest.AddMember, rest.StartRun, rest.InterruptBody,
@@ -90,6 +102,7 @@ def document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
         },
         "paths": {
+            "/v1/config": {"get": _config_op()},
             "/v1/sessions": {"post": _op("Create a session (you become its owner)",
                                          body="CreateSession", ok=201),
                              "get": _op("Your sessions, newest first")},

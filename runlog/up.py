@@ -89,6 +89,8 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         origins = ",".join(
             o for o in [settings.allowed_origins, *urls, *_localhost_aliases(urls)] if o
         )
+        # ...and lists them all: the console may use only listed gateways.
+        listed = ",".join(u for u in [*urls, settings.gateway_urls] if u)
         for i, url in enumerate(urls):
             port = settings.gateway_port + i
             await supervisor.start(
@@ -99,6 +101,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
                         **env,
                         "RUNLOG_GATEWAY_PORT": str(port),
                         "RUNLOG_ALLOWED_ORIGINS": origins,
+                        "RUNLOG_GATEWAY_URLS": listed,
                     },
                     port=f"port {port}",
                     ready_url=url + "/readyz",

@@ -18,8 +18,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from playwright.async_api import Browser, Page, WebSocketRoute, expect
 
+from broker.embedded import free_port
 from broker.settings import Settings
 from gateway import auth
 
@@ -44,11 +46,13 @@ DOCS_SCREENSHOT = ROOT / "docs" / "img" / "console.png"
 
 
 def _gateway_pair(settings: Settings, log_dir: Path) -> list[RunlogProcess]:
-    """Two gateways, each allowing the other's Origin (a page served by one
-    may fail over to the other)."""
+    """Two gateways of one deployment, each listing both (a page served by one
+    may fail over to the other) and allowing the other's Origin."""
     gws = [RunlogProcess("gateway", settings, log_dir) for _ in range(2)]
     for g in gws:
-        g.env["RUNLOG_ALLOWED_ORIGINS"] = ",".join(x.url for x in gws)
+        g.env["RUNLOG_GATEWAY_URLS"] = g.env["RUNLOG_ALLOWED_ORIGINS"] = ",".join(
+            x.url for x in gws
+        )
     return gws
 
 
@@ -468,6 +472,112 @@ _CLIENT_RULES_JS = """async () => {
   c2.close();
   return out;
 }"""
+
+
+class Recorder:
+    """A stranger's server on loopback ("evil") that records every request.
+    It lets a bearer token through CORS preflights, then makes each request
+    fail as a network error would, and closes WebSockets before `hello`: a
+    page that tries it moves on to the next gateway and works on."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []  # request line, then every header
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        lines = [f"{request.method} {request.path_qs}"]
+        self.requests.append("\n".join(lines + [f"{k}: {v}" for k, v in request.headers.items()]))
+        if request.method == "OPTIONS":
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Origin": request.headers.get("Origin", "*"),
+                "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept",
+            })  # fmt: skip
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            ws = web.WebSocketResponse(protocols=["runlog.v1"])
+            await ws.prepare(request)
+            await ws.close()
+            return ws
+        return web.Response(text="thanks")  # no CORS header: the page's fetch fails
+
+    def received(self, token: str) -> list[str]:
+        """Each request line, marked where the token came with it."""
+        return [
+            r.splitlines()[0] + (" WITH THE TOKEN" if token in r else "") for r in self.requests
+        ]
+
+    async def __aenter__(self) -> Recorder:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self.runner.setup()
+        port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+# Every connection the CSP refuses, as the page saw it.
+_RECORD_VIOLATIONS_JS = """
+window.__violations = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.__violations.push(`${e.effectiveDirective} ${e.blockedURI}`));
+"""
+
+_TRY_EVIL_JS = """async (url) => {
+  const out = {};
+  try { await fetch(url + "/v1/sessions"); out.fetch = "sent"; } catch { out.fetch = "blocked"; }
+  out.ws = await new Promise((resolve) => {
+    try {
+      const ws = new WebSocket(url.replace(/^http/, "ws") + "/v1/ws");
+      ws.onopen = () => { ws.close(); resolve("open"); };
+      ws.onerror = () => resolve("blocked");
+    } catch { resolve("blocked"); }
+  });
+  return out;
+}"""
+
+
+async def test_unlisted_gateways_in_the_link_are_ignored_and_never_see_the_token(
+    cluster: Cluster, pages: Pages, http: aiohttp.ClientSession
+) -> None:
+    a, b = cluster.gateways
+    async with http.get(a.url + "/") as r:
+        csp = r.headers["Content-Security-Policy"]
+    connect = next(d.split()[1:] for d in csp.split(";") if d.split()[0] == "connect-src")
+    ws = [g.url.replace("http://", "ws://") for g in (a, b)]
+    assert connect == ["'self'", a.url, ws[0], b.url, ws[1]]
+    token = cluster.token("alice")
+    sid = await _session(http, a.url, token)
+    ctx = await pages.browser.new_context(viewport={"width": 1280, "height": 800})
+    pages.contexts.append(ctx)
+    await ctx.add_init_script(_RECORD_VIOLATIONS_JS)
+    async with Recorder() as evil:
+        # An attacker's link: the real console, with the stranger's server first.
+        link = console_url(a.url, token, session=sid, gateways=[evil.url, a.url])
+        page = await pages.open_in(ctx, "alice", link)
+        # Live through `a`: a page that tried `evil` first has done so by now.
+        await _live(page)
+        await expect(page.locator("#gateway")).to_have_attribute("data-gateway", a.url)
+        assert evil.received(token) == [], evil.received(token)
+        assert await page.evaluate("window.runlogClient.baseUrls") == [a.url]
+        assert await page.evaluate("window.__violations") == []  # it never even tried
+        notice = page.locator("#notice")
+        await expect(notice).to_be_visible()
+        await expect(notice).to_contain_text(f"Ignored {evil.url}")
+        # Nor can anything else in the page: connect-src refuses the stranger.
+        tried = await page.evaluate(_TRY_EVIL_JS, evil.url)
+        assert tried == {"fetch": "blocked", "ws": "blocked"}
+        ws_url = evil.url.replace("http://", "ws://") + "/v1/ws"
+        assert await page.evaluate("window.__violations") == [
+            f"connect-src {evil.url}/v1/sessions", f"connect-src {ws_url}",
+        ]  # fmt: skip
+        assert evil.received(token) == [], evil.received(token)
 
 
 async def test_client_rules_with_fake_sockets(cluster: Cluster, pages: Pages) -> None:

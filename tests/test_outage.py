@@ -344,7 +344,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("POST", f"/v1/runs/{run_id}/approvals/{aid}", {"decision": "approve"}, {}),
         ]
         # Every route under /v1 that can touch storage is in the table (the
-        # OpenAPI document is static; the WebSocket is covered below).
+        # OpenAPI document and /v1/config are static; the WebSocket is covered below).
         routes = {
             (r.method, re.sub(r"\{\w+\}", "*", r.resource.canonical))
             for r in gw.app.router.routes()
@@ -356,7 +356,8 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             return path.split("?")[0].replace(sid, "*").replace(run_id, "*").replace(aid, "*")
 
         tabled = {(m, template(p)) for m, p, _, _ in table}
-        assert routes - tabled == {("GET", "/v1/openapi.json"), ("GET", "/v1/ws")}
+        static = {("GET", "/v1/openapi.json"), ("GET", "/v1/config")}
+        assert routes - tabled == {*static, ("GET", "/v1/ws")}
 
         await killable.pg.stop()
         answers = []
@@ -365,6 +366,9 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
                                     headers={**gw.headers("alice"), **headers}) as r:  # fmt: skip
                 answers.append((method, path, r.status, _pinned((await r.json())["error"])))
         assert answers == [(m, p, 503, UNAVAILABLE) for m, p, _, _ in table]
+        for _, path in static:
+            async with http.get(gw.url + path) as r:
+                assert r.status == 200, path
 
         async with ws_connect(http, gw, "alice") as c:
             for msg in (

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import aiohttp
 import psutil
@@ -304,6 +305,17 @@ async def test_prints_every_childs_pid_and_port_and_workers_serve_metrics(up: Up
 
 
 @pytest.mark.timeout(300)
+async def test_every_gateway_lists_the_gateways_of_the_console_link(up: Up) -> None:
+    m = await up.wait_line(r"^  console: +(http://\S+)/#(\S+)$")
+    assert m.group(1) == up.url(1)
+    assert parse_qs(m.group(2))["gateways"] == [",".join(up.urls)]
+    async with aiohttp.ClientSession() as http:
+        for url in up.urls:
+            async with http.get(url + "/v1/config") as r:
+                assert r.status == 200, await r.text()
+                assert await r.json() == {"gateways": up.urls}
+
+
 async def test_sigkill_of_up_takes_every_child_down_and_the_next_start_works(up: Up) -> None:
     async with Client(up.urls, _token()) as c:
         sid = await c.create_session("survives")

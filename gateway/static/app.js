@@ -5,6 +5,12 @@
 // only) and removes the token from the address bar. Everything the model or
 // another user wrote is untrusted: it is put in the page with textContent /
 // text nodes only, never parsed as HTML.
+//
+// A link is anyone's to write, so its gateways are not taken on trust: the
+// page talks only to its own origin and the gateways this deployment lists
+// (GET /v1/config, asked of the page's own origin before any token is sent);
+// others are dropped with a visible notice. The page's CSP connect-src, set
+// by the gateway from the same list, refuses anything else anyway.
 
 import { RunlogClient, tokenClaims } from "./runlog-client.js";
 import { RunView } from "./run-view.js";
@@ -27,26 +33,73 @@ function readConfig() {
     sessionStorage.setItem(TOKEN_KEY, token);
     // Gateways only come with a token: a link without one must not be able
     // to send the stored token somewhere else.
-    const gateways = validGateways(params.get("gateways") || "");
+    const gateways = splitList(params.get("gateways") || "");
     if (gateways.length) sessionStorage.setItem(GATEWAYS_KEY, gateways.join(","));
     else sessionStorage.removeItem(GATEWAYS_KEY);
     const session = params.get("session");
     history.replaceState(null, "", location.pathname + location.search +
       (session ? `#session=${encodeURIComponent(session)}` : ""));
   }
-  const stored = validGateways(sessionStorage.getItem(GATEWAYS_KEY) || "");
-  return { token: sessionStorage.getItem(TOKEN_KEY), gateways: stored.length ? stored : [location.origin] };
+  const stored = splitList(sessionStorage.getItem(GATEWAYS_KEY) || "");
+  return { token: sessionStorage.getItem(TOKEN_KEY), gateways: stored };
 }
 
-function validGateways(list) {
-  return list.split(",").map((s) => s.trim()).filter((u) => {
-    try {
-      const url = new URL(u);
-      return url.protocol === "http:" || url.protocol === "https:";
-    } catch {
-      return false;
-    }
-  });
+function splitList(list) {
+  return list.split(",").map((s) => s.trim()).filter(Boolean);
+}
+
+// The gateways this page may use: those of `requested` that this deployment
+// lists (its own origin always), in the link's order; [own origin] if none.
+async function allowedGateways(requested) {
+  if (!requested.length) return [location.origin];
+  const listed = new Set([location.origin, ...(await deploymentGateways())].map(gatewayKey));
+  listed.delete(null);
+  const allowed = [...new Set(requested.map(gatewayKey).filter((k) => listed.has(k)))];
+  const ignored = requested.filter((u) => !listed.has(gatewayKey(u)));
+  const use = allowed.length ? allowed : [location.origin];
+  if (ignored.length) {
+    // Origins only: the rest of a stranger's URL is theirs to word.
+    const names = [...new Set(ignored.map((u) => httpUrl(u)?.origin ?? "a malformed entry"))];
+    showNotice(`Ignored ${names.join(", ")}: not a gateway of this deployment, so your ` +
+      `token is not sent there. Connecting to ${use.join(", ")}.`);
+    if (allowed.length) sessionStorage.setItem(GATEWAYS_KEY, allowed.join(","));
+    else sessionStorage.removeItem(GATEWAYS_KEY);
+  }
+  return use;
+}
+
+// GET /v1/config of the page's own origin (no token). Fails closed: without
+// the list, only this origin is used.
+async function deploymentGateways() {
+  try {
+    const res = await fetch("/v1/config", { cache: "no-store", headers: { Accept: "application/json" } });
+    if (!res.ok) throw new Error(`HTTP ${res.status}`);
+    const { gateways } = await res.json();
+    return Array.isArray(gateways) ? gateways.map(String) : [];
+  } catch (e) {
+    console.warn("runlog: cannot read /v1/config; using this page's gateway only", e);
+    return [];
+  }
+}
+
+function httpUrl(u) {
+  try {
+    const url = new URL(u);
+    return url.protocol === "http:" || url.protocol === "https:" ? url : null;
+  } catch {
+    return null;
+  }
+}
+
+// One gateway URL however it is spelled (no user, query or fragment), or null.
+function gatewayKey(u) {
+  const url = httpUrl(u);
+  return url && url.origin + url.pathname.replace(/\/+$/, "");
+}
+
+function showNotice(text) {
+  $("notice-text").textContent = text;
+  $("notice").hidden = false;
 }
 
 // -- connection indicator
@@ -88,16 +141,17 @@ const app = {
   view: null, // SessionView
 };
 
-function start() {
+async function start() {
   wireForms();
   const cfg = readConfig();
+  const gateways = await allowedGateways(cfg.gateways); // before any token goes anywhere
   const claims = cfg.token ? tokenClaims(cfg.token) : null;
   if (!cfg.token || !claims || (claims.exp && claims.exp * 1000 < Date.now())) {
     askForToken(cfg.token ? "Your sign-in has expired. Open a new console link, or paste a token:" : null)
-      .then((token) => signIn(token, cfg.gateways));
+      .then((token) => signIn(token, gateways));
     return;
   }
-  signIn(cfg.token, cfg.gateways);
+  signIn(cfg.token, gateways);
 }
 
 function signIn(token, gateways) {
