@@ -18,6 +18,7 @@ from broker.log import RunWriter
 from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import auth
+from gateway._aio import AppRunner
 from gateway.app import REGISTRY, build_app
 from gateway.context import GATEWAY
 
@@ -60,7 +61,7 @@ async def running_gateway(
     s = dataclasses.replace(settings, gateway_port=port, **overrides)
     app = build_app(s)
     app.add_routes(routes)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5, access_log=None)
+    runner = AppRunner(app, handle_signals=False, shutdown_timeout=5, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
