@@ -56,6 +56,20 @@ class PayloadTooLarge(ClientError):
     http_status = 413
 
 
+class UriTooLong(ClientError):
+    """The request line (method, path and query) is longer than the gateway reads."""
+
+    code = "uri_too_long"
+    http_status = 414
+
+
+class HeadersTooLarge(ClientError):
+    """A request header (or a chunk-size line) is longer than the gateway reads."""
+
+    code = "headers_too_large"
+    http_status = 431
+
+
 class InvalidCursor(ClientError):
     code = "invalid_cursor"
 

@@ -41,6 +41,11 @@ class Settings:
         55432, "Port of the embedded PostgreSQL (`runlog up`), on 127.0.0.1."
     )
     log_level: str = _opt("info", "Log level: debug, info, warning or error.")
+    log_format: str = _opt(
+        "text",
+        "Log format on stderr: text (one line per record, tracebacks indented) or json "
+        "(JSON lines: ts, level, logger, message, exc_info). Client values are escaped in both.",
+    )
     # -- append path
     flush_interval_ms: float = _opt(
         2.0, "Longest an appended event waits for more events before its batch is committed (ms)."

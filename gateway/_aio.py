@@ -7,16 +7,122 @@ the transport's buffer is below its low-water mark. aiohttp shares one
 future between every task that waits there, so a task waiting in it must
 never be cancelled (the next waiter would get a bare CancelledError): the
 gateway stops a blocked writer by aborting the transport instead.
+
+A request aiohttp's own HTTP parser refuses (an over-long URL or header, a bad
+Content-Length or chunk size, an invalid method) never reaches the app or its
+middleware: `RequestHandler.handle_error` answers it, in plain text echoing
+the bytes, and logs a traceback. aiohttp has no hook for that (aio-libs/aiohttp
+#3287), so `AppRunner` gives every connection a `RequestHandler` whose
+`handle_error` answers in runlog's error contract and logs one line. It gets
+there by `AppRunner._make_server` (the `Server` aiohttp builds for the app) and
+that `Server`'s `_loop` and `_kwargs`, which its `__call__` uses to build a
+handler per connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 
-from aiohttp import web
+import msgspec
+from aiohttp import http_exceptions, web
 from aiohttp.base_protocol import BaseProtocol
 
+from broker import errors
+
 assert callable(getattr(BaseProtocol, "_drain_helper", None)), "aiohttp changed its flow control"
+assert callable(getattr(web.AppRunner, "_make_server", None)), "aiohttp changed its runner"
+assert list(inspect.signature(web.RequestHandler.handle_error).parameters) == [
+    "self", "request", "status", "exc", "message"
+], "aiohttp changed RequestHandler.handle_error"  # fmt: skip
+
+log = logging.getLogger("gateway.http")
+
+# What the `Server` header says: no versions to look up vulnerabilities by.
+SERVER = "runlog"
+
+# Limits of aiohttp's parser. They differ so that a LineTooLong tells by its
+# limit which it was: the request line (414) or a header field (431).
+MAX_REQUEST_LINE_BYTES = 8190
+MAX_HEADER_FIELD_BYTES = 8192
+
+# The parser's refusals that have a more precise message than "malformed".
+_MESSAGES: tuple[tuple[type[Exception], str], ...] = (
+    (http_exceptions.BadHttpMethod, "invalid HTTP method"),
+    (http_exceptions.InvalidURLError, "invalid URL"),
+    (http_exceptions.BadStatusLine, "invalid request line"),
+    (http_exceptions.InvalidHeader, "invalid header"),
+    (http_exceptions.ContentLengthError, "the body is shorter than its Content-Length"),
+    (http_exceptions.TransferEncodingError, "invalid chunked body"),
+)
+
+
+def refusal(exc: http_exceptions.HttpProcessingError) -> errors.ClientError:
+    """The coded error for a request aiohttp's parser refused. Its message
+    never echoes the request's bytes."""
+    if isinstance(exc, http_exceptions.LineTooLong):
+        if exc.args[1] == MAX_HEADER_FIELD_BYTES:
+            return errors.HeadersTooLarge(f"a header is longer than {MAX_HEADER_FIELD_BYTES} bytes")
+        return errors.UriTooLong(f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes")
+    for cls, message in _MESSAGES:
+        if isinstance(exc, cls):
+            return errors.ClientError(message)
+    return errors.ClientError("malformed HTTP request")
+
+
+class _RequestHandler(web.RequestHandler):
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            err = refusal(exc)
+            # The client's fault: one line, no traceback, no bytes of theirs.
+            log.info("refused a request from %s: %s (%s)", request.remote, err.code, err.detail)
+            body, status = err.to_dict(), err.http_status
+        else:
+            # An error that got past the app's middleware: a bug (answered as
+            # the middleware answers one).
+            log.error("unhandled error on a request from %s", request.remote, exc_info=exc)
+            body = {"code": "internal", "message": "internal error", "retryable": True}
+            status = 500
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was sent already: cannot send the error")
+        resp = web.Response(
+            body=msgspec.json.encode({"error": body}),
+            status=status,
+            content_type="application/json",
+            headers={"Server": SERVER},
+        )
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class AppRunner(web.AppRunner):
+    """`web.AppRunner` whose connections answer aiohttp's own refusals as the
+    app answers errors: `{"error": {"code", "message", "retryable"}}`."""
+
+    def __init__(self, app: web.Application, **kwargs: object) -> None:
+        kwargs["max_line_size"] = MAX_REQUEST_LINE_BYTES
+        kwargs["max_field_size"] = MAX_HEADER_FIELD_BYTES
+        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        assert type(server) is web.Server and hasattr(server, "_kwargs"), type(server)
+        server.__class__ = _Server
+        return server
 
 
 def transport_of(request: web.BaseRequest) -> asyncio.Transport | None:

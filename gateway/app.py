@@ -18,7 +18,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import auth, console, openapi, rest, ws
+from . import _aio, auth, console, openapi, rest, ws
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -48,6 +48,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         resp = json_response(
             {"error": {"code": code, "message": e.reason, "retryable": False}}, e.status
         )
+        for name, value in e.headers.items():  # a 405's Allow, for one
+            if name.lower() not in ("content-type", "content-length"):
+                resp.headers.add(name, value)
     except TRANSIENT_DB_ERRORS as e:
         # A connection error that got past the store: still the retryable
         # answer, and an outage is not a bug (no traceback).
@@ -96,6 +99,10 @@ async def cors_preflight(request: web.Request, handler: Handler) -> web.StreamRe
         return web.Response(status=204, headers={"Access-Control-Allow-Origin": origin,
                                                  "Vary": "Origin", **_CORS_PREFLIGHT})  # fmt: skip
     return await handler(request)
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = _aio.SERVER
 
 
 async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -148,6 +155,7 @@ def build_app(
     app[REGISTRY] = registry
     app[console.CONSOLE] = console.ConsoleConfig.from_settings(settings)
     app.on_response_prepare.append(_cors_headers)
+    app.on_response_prepare.append(_server_header)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         own = broker is None

@@ -19,6 +19,7 @@ from aiohttp import web
 from broker import errors
 from broker.settings import Settings
 
+from ._aio import AppRunner
 from .app import build_app
 from .context import GATEWAY
 
@@ -27,7 +28,7 @@ log = logging.getLogger("runlog.gateway")
 
 async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = False) -> None:
     app = build_app(settings)
-    runner = web.AppRunner(
+    runner = AppRunner(
         app, handle_signals=False, shutdown_timeout=settings.gateway_drain_s, access_log=None
     )
     await runner.setup()

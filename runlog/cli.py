@@ -23,6 +23,8 @@ import sys
 from broker import errors, migrate
 from broker.settings import Settings
 
+from . import logformat
+
 log = logging.getLogger("runlog")
 
 
@@ -98,11 +100,10 @@ def main(argv: list[str] | None = None) -> None:
             _print_settings()
         return
     settings = Settings.from_args(args)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logged = False  # whether errors go through the configured log (json) or print
     try:
+        logformat.configure(settings.log_level, settings.log_format)
+        logged = settings.log_format == "json"
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
         elif args.command == "gateway":
@@ -137,12 +138,20 @@ def main(argv: list[str] | None = None) -> None:
 
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
-        print(f"runlog: error [{e.code}]: {e.detail}", file=sys.stderr)
-        if e.hint:
-            print(f"hint: {e.hint}", file=sys.stderr)
+        if logged:
+            log.error("error [%s]: %s", e.code, e.detail, extra={"code": e.code, "hint": e.hint})
+        else:
+            print(f"runlog: error [{e.code}]: {e.detail}", file=sys.stderr)
+            if e.hint:
+                print(f"hint: {e.hint}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         pass
+    except Exception:
+        # A bug or an unforeseen failure: one record with its traceback (one
+        # JSON line with log_format=json), not Python's bare dump on stderr.
+        log.exception("runlog %s failed", args.command)
+        sys.exit(1)
 
 
 async def _migrate(settings: Settings) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,6 +18,7 @@ from broker.log import RunWriter
 from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import auth
+from gateway._aio import AppRunner
 from gateway.app import REGISTRY, build_app
 from gateway.context import GATEWAY
 
@@ -52,11 +53,15 @@ class RunningGateway:
 
 
 @asynccontextmanager
-async def running_gateway(settings: Settings, **overrides: Any) -> AsyncIterator[RunningGateway]:
+async def running_gateway(
+    settings: Settings, routes: Iterable[web.AbstractRouteDef] = (), /, **overrides: Any
+) -> AsyncIterator[RunningGateway]:
+    """A gateway on a free port; `routes`: extra ones, for a test's own handlers."""
     port = free_port()
     s = dataclasses.replace(settings, gateway_port=port, **overrides)
     app = build_app(s)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5, access_log=None)
+    app.add_routes(routes)
+    runner = AppRunner(app, handle_signals=False, shutdown_timeout=5, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()

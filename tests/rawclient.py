@@ -171,3 +171,35 @@ class RawSse(_Raw):
             if "id" in fields or "event" in fields:
                 frames.append(fields)
         return frames
+
+
+class RawHttpResponse:
+    """One HTTP/1.x response read off a raw socket (status, headers, body)."""
+
+    def __init__(self, raw: bytes) -> None:
+        head, _, self.body = raw.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split(" ")[1])
+        self.headers: dict[str, str] = {}
+        for line in lines:
+            k, _, v = line.partition(":")
+            self.headers[k.strip().lower()] = v.strip()
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def http_exchange(port: int, data: bytes, timeout_s: float = 10) -> RawHttpResponse:
+    """Send exactly `data` (a request no client library would write) and read
+    the answer until the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(timeout_s):
+            raw = await reader.read()
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    return RawHttpResponse(raw)
