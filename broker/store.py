@@ -291,9 +291,15 @@ class Store:
     @_reads("revocations read")
     async def token_revocations(self) -> dict[str, float]:
         """Every user's `not_before` (s since the epoch)."""
-        rows = await self.pool.fetch(
-            "SELECT user_id, extract(epoch FROM not_before)::float8 FROM token_revocations"
-        )
+        try:
+            rows = await self.pool.fetch(
+                "SELECT user_id, extract(epoch FROM not_before)::float8 FROM token_revocations"
+            )
+        except asyncpg.UndefinedTableError as e:
+            raise errors.MigrationError(
+                "the database has no token_revocations table (schema older than this version)",
+                hint="run `runlog migrate` first",
+            ) from e
         return {r[0]: r[1] for r in rows}
 
     @_reads("role check")
