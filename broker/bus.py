@@ -181,6 +181,27 @@ class Bus:
             C.control_subject(msg.run_id), control.encode(msg), headers={C.MSG_ID_HEADER: msg_id}
         )
 
+    async def publish_access(self, msg: control.AccessChange) -> None:
+        """Tell every gateway about an access change (core NATS: at most once;
+        flushed, so it has reached the server when this returns)."""
+        await self.nc.publish(C.ACCESS_SUBJECT, control.encode(msg))
+        await self.nc.flush(timeout=2)
+
+    async def subscribe_access(
+        self, callback: Callable[[control.AccessChange], Awaitable[None] | None]
+    ) -> Subscription:
+        async def on_msg(msg: Msg) -> None:
+            try:
+                change = control.decode_access(msg.data)
+            except msgspec.DecodeError:
+                log.error("undecodable access message on %s", msg.subject)
+                return
+            result = callback(change)
+            if result is not None:
+                await result
+
+        return await self.nc.subscribe(C.ACCESS_SUBJECT, cb=on_msg)
+
     async def subscribe_live(
         self, subject: str, callback: Callable[[LiveBatch], Awaitable[None] | None]
     ) -> Subscription:

@@ -15,6 +15,8 @@ CONTROL_STREAM = "RUNLOG_CONTROL"  # interrupts and approval decisions, per run
 EVENTS_SUBJECT_PREFIX = "runlog.ev"
 JOBS_SUBJECT = "runlog.job.run"
 CONTROL_SUBJECT_PREFIX = "runlog.ctl"
+# Access changes for every gateway (core NATS, no stream: see control.py).
+ACCESS_SUBJECT = "runlog.access"
 
 # Headers.
 MSG_ID_HEADER = "Nats-Msg-Id"

@@ -8,6 +8,11 @@ it takes or resumes the run.
 Subjects: jobs on `runlog.job.run` (JOBS stream, a work queue); control on
 `runlog.ctl.<run_id>` (CONTROL stream), so the owner of a run can follow
 just that run's control messages, from the start of the stream.
+
+Access changes (a member removed or demoted, a user's tokens revoked) go to
+every gateway on `runlog.access`, core NATS with no stream: each is recorded
+in PostgreSQL first, and a gateway that missed one (it was disconnected at
+that moment) finds it at its next access re-check (`access_recheck_s`).
 """
 
 from __future__ import annotations
@@ -43,12 +48,34 @@ class Decision(msgspec.Struct, kw_only=True, tag="decision", tag_field="kind"):
 
 ControlMessage = Interrupt | Decision
 
+
+class MemberChanged(msgspec.Struct, kw_only=True, tag="member", tag_field="kind"):
+    """A member lost access to a session: removed (`role` None) or demoted."""
+
+    session_id: str
+    user_id: str
+    role: str | None  # the new role; None: removed
+    previous_role: str
+    origin: str = ""  # the gateway that sent it (it applied it already)
+
+
+class TokensRevoked(msgspec.Struct, kw_only=True, tag="revoked", tag_field="kind"):
+    """Tokens of `user_id` issued before `not_before` are revoked."""
+
+    user_id: str
+    not_before: float  # s since the epoch
+    origin: str = ""
+
+
+AccessChange = MemberChanged | TokensRevoked
+
 _encoder = msgspec.json.Encoder()
 _job_decoder = msgspec.json.Decoder(RunJob)
 _control_decoder = msgspec.json.Decoder(ControlMessage)
+_access_decoder = msgspec.json.Decoder(AccessChange)
 
 
-def encode(msg: RunJob | Interrupt | Decision) -> bytes:
+def encode(msg: RunJob | Interrupt | Decision | MemberChanged | TokensRevoked) -> bytes:
     return _encoder.encode(msg)
 
 
@@ -58,3 +85,7 @@ def decode_job(data: bytes) -> RunJob:
 
 def decode_control(data: bytes) -> ControlMessage:
     return _control_decoder.decode(data)
+
+
+def decode_access(data: bytes) -> AccessChange:
+    return _access_decoder.decode(data)

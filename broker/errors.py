@@ -98,6 +98,19 @@ class RunEnded(Conflict):
     code = "run_ended"
 
 
+class MemberNotFound(NotFound):
+    """The user named is not a member of the session (remove / change role)."""
+
+    code = "member_not_found"
+
+
+class LastOwner(Conflict):
+    """The change would leave the session without an owner: the last owner
+    can be neither removed nor demoted (make another member owner first)."""
+
+    code = "last_owner"
+
+
 class ApprovalNotFound(NotFound):
     code = "approval_not_found"
 
@@ -128,6 +141,12 @@ class Unauthorized(ClientError):
 
 class TokenExpired(Unauthorized):
     code = "token_expired"
+
+
+class TokenRevoked(Unauthorized):
+    """The token was issued before its user's tokens were revoked (`runlog revoke`)."""
+
+    code = "token_revoked"
 
 
 class Forbidden(ClientError):

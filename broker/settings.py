@@ -166,6 +166,12 @@ class Settings:
     hub_linger_s: float = _opt(
         5.0, "How long a gateway keeps following a run or session nobody watches (s)."
     )
+    access_recheck_s: float = _opt(
+        30.0,
+        "How often a gateway re-checks, in one query, the roles and token revocations of "
+        "the users of its open streams (s): the longest a removed member's stream or a "
+        "revoked token's connection outlives a lost control message.",
+    )
     gateway_drain_s: float = _opt(
         10.0, "On SIGTERM, how long a gateway waits for clients to leave before exiting (s)."
     )

@@ -27,7 +27,7 @@ from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 import asyncpg
 import msgspec
 
-from . import approvals, errors, ids
+from . import approvals, errors, ids, members
 from .settings import Settings
 
 ROLES = ("owner", "approver", "viewer")
@@ -210,21 +210,97 @@ class Store:
             )
         return session_id
 
-    @_writes("member add")
-    async def add_member(self, session_id: str, user_id: str, role: str, added_by: str) -> None:
+    async def add_member(
+        self, session_id: str, user_id: str, role: str, added_by: str
+    ) -> str | None:
+        """Add a member, or change an existing member's role (as `set_member_role`
+        does). Returns the role it had (None: it was not a member)."""
         if role not in ROLES:
             raise errors.ClientError(f"role must be one of {', '.join(ROLES)}")
-        try:
-            await self.pool.execute(
-                "INSERT INTO members (session_id, user_id, role, added_by) VALUES ($1, $2, $3, $4) "
-                "ON CONFLICT (session_id, user_id) DO UPDATE SET role = EXCLUDED.role",
-                session_id,
-                user_id,
-                role,
-                added_by,
+        return await self.change_member(
+            session_id, user_id, role, added_by, action="add_member", must_exist=False
+        )
+
+    async def set_member_role(self, session_id: str, user_id: str, role: str, by: str) -> str:
+        """Change a member's role; returns the one it had. MemberNotFound if not one."""
+        if role not in ROLES:
+            raise errors.ClientError(f"role must be one of {', '.join(ROLES)}")
+        before = await self.change_member(
+            session_id, user_id, role, by, action="set_role", must_exist=True
+        )
+        assert before is not None
+        return before
+
+    async def remove_member(self, session_id: str, user_id: str, by: str) -> str:
+        """Remove a member; returns the role it had. MemberNotFound if not one."""
+        before = await self.change_member(
+            session_id, user_id, None, by, action="remove_member", must_exist=True
+        )
+        assert before is not None
+        return before
+
+    @_writes("member change")
+    async def change_member(
+        self, session_id: str, user_id: str, role: str | None, by: str, *, action: str,
+        must_exist: bool,
+    ) -> str | None:  # fmt: skip
+        """One membership change and its audit row, in one transaction, under the
+        last-owner rule (see `members.py`). Returns the role it had."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            before = await members.change(
+                conn, session_id, user_id, role, by, must_exist=must_exist
             )
-        except asyncpg.ForeignKeyViolationError as e:
-            raise errors.SessionNotFound(f"no session {session_id}") from e
+            await self.audit(
+                by, action, session_id=session_id,
+                detail={"user_id": user_id, "role": role, "previous_role": before}, conn=conn,
+            )  # fmt: skip
+        return before
+
+    @_reads("roles read")
+    async def stream_roles(
+        self, streams: list[tuple[str, str, str]]
+    ) -> list[tuple[str | None, str | None]]:
+        """(session, role or None) of each (user, kind, id) of an open stream: one query."""
+        return await members.stream_roles(self.pool, streams)
+
+    # -- token revocation (per user)
+
+    @_writes("token revocation")
+    async def revoke_tokens(self, user_id: str, by: str) -> float:
+        """Revoke every token of `user_id` issued so far; returns the new
+        `not_before` (s since the epoch): the next whole second, since `iat` has
+        one-second resolution, so a token issued in the revocation's second is
+        revoked too. It never moves back (a second revocation keeps the later)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            not_before = await conn.fetchval(
+                "INSERT INTO token_revocations (user_id, not_before, revoked_by)"
+                " VALUES ($1, to_timestamp(floor(extract(epoch FROM now())) + 1), $2)"
+                " ON CONFLICT (user_id) DO UPDATE SET"
+                " not_before = greatest(token_revocations.not_before, EXCLUDED.not_before),"
+                " revoked_by = EXCLUDED.revoked_by, revoked_at = now()"
+                " RETURNING extract(epoch FROM not_before)::float8",
+                user_id,
+                by,
+            )
+            await self.audit(
+                by, "revoke_tokens", detail={"user_id": user_id, "not_before": not_before},
+                conn=conn,
+            )  # fmt: skip
+        return float(not_before)
+
+    @_reads("revocations read")
+    async def token_revocations(self) -> dict[str, float]:
+        """Every user's `not_before` (s since the epoch)."""
+        try:
+            rows = await self.pool.fetch(
+                "SELECT user_id, extract(epoch FROM not_before)::float8 FROM token_revocations"
+            )
+        except asyncpg.UndefinedTableError as e:
+            raise errors.MigrationError(
+                "the database has no token_revocations table (schema older than this version)",
+                hint="run `runlog migrate` first",
+            ) from e
+        return {r[0]: r[1] for r in rows}
 
     @_reads("role check")
     async def member_role(self, session_id: str, user_id: str) -> str | None:

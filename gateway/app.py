@@ -76,7 +76,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 # console served by one gateway fails over to another). Bearer tokens, no
 # cookies: no credentialed CORS is needed.
 _CORS_PREFLIGHT = {
-    "Access-Control-Allow-Methods": "GET, POST",
+    "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE",
     "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, Last-Event-ID",
     "Access-Control-Max-Age": "600",
 }
@@ -163,6 +163,7 @@ def build_app(
         gw = Gateway(b, settings, GatewayMetrics(registry))
         app[GATEWAY] = gw
         try:
+            await gw.start()
             yield
         finally:
             await gw.drain()
@@ -183,6 +184,8 @@ def build_app(
     r.add_get("/v1/sessions", rest.list_sessions)
     r.add_get("/v1/sessions/{session_id}", rest.get_session)
     r.add_post("/v1/sessions/{session_id}/members", rest.add_member)
+    r.add_patch("/v1/sessions/{session_id}/members/{user_id}", rest.set_member_role)
+    r.add_delete("/v1/sessions/{session_id}/members/{user_id}", rest.remove_member)
     r.add_post("/v1/sessions/{session_id}/runs", rest.start_run)
     r.add_get("/v1/sessions/{session_id}/events", rest.session_events)
     r.add_get("/v1/runs/{run_id}", rest.get_run)

@@ -8,7 +8,7 @@ Roles per session: owner, approver, viewer.
 | start a run                     |   ✓   |    ✓     |        |
 | interrupt a run                 |   ✓   |    ✓     |        |
 | decide an approval              |   ✓   |    ✓     |        |
-| add a member / change its role  |   ✓   |          |        |
+| add or remove a member / role   |   ✓   |          |        |
 
 Any authenticated user may create a session (and becomes its owner).
 """

@@ -62,6 +62,7 @@ class Connection:
         self.metrics = gw.metrics
         self.queue = SendQueue(s.send_queue_max_bytes, s.send_queue_lag_bytes)
         self.state = State.OPEN
+        self.issued_at = 0.0  # `iat` of the token it was opened with (token revocation)
         self.members: dict[str, Member] = {}  # topic -> subscription
         self.sent: dict[str, int] = {}  # topic -> position of the last event written
         self.overflowed = False
@@ -111,6 +112,11 @@ class Connection:
         self.sent.pop(key, None)
         if m is not None:
             self.gw.hub.leave(m)
+
+    def end_topic(self, key: str, code: str, message: str) -> None:
+        """End one subscription for a server-side reason (gateway/access.py).
+        A connection that carries a single stream (SSE) ends whole."""
+        self.close(code)
 
     # -- the writer
 

@@ -18,6 +18,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 
 from . import auth
+from .access import Access
 from .hub import Hub
 from .metrics import GatewayMetrics
 
@@ -40,6 +41,7 @@ class Gateway:
         metrics.subscriptions.set_function(lambda: self.hub.member_count)
         metrics.send_queue_bytes.set_function(lambda: sum(c.queue.nbytes for c in self.connections))
         self._run_sessions: dict[str, str] = {}
+        self.access = Access(self)
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
         self.own_origins = {
             public.rstrip("/"),
@@ -47,7 +49,16 @@ class Gateway:
             f"http://127.0.0.1:{settings.gateway_port}",
         }
 
+    async def start(self) -> None:
+        await self.access.start()
+
     # -- auth helpers
+
+    def verify(self, token: str) -> auth.Principal:
+        """A valid, unrevoked token's principal (revocations are in memory)."""
+        p = auth.verify(self.settings, token)
+        self.access.check(p)
+        return p
 
     def principal(self, request: web.Request) -> auth.Principal:
         token = auth.bearer(request.headers.get("Authorization"))
@@ -58,7 +69,7 @@ class Gateway:
             raise errors.Unauthorized(
                 "missing bearer token", hint="send 'Authorization: Bearer <token>'"
             )
-        return auth.verify(self.settings, token)
+        return self.verify(token)
 
     async def run_session(self, run_id: str) -> str:
         """The session of a run (immutable, so cached)."""
@@ -81,7 +92,8 @@ class Gateway:
                 raise errors.NotAMember(f"run {ident} is not in any session of yours") from None
         else:
             sid = ident
-        await auth.require_role(self.broker.store, sid, user, auth.READ, "read")
+        role = await auth.require_role(self.broker.store, sid, user, auth.READ, "read")
+        await self.access.noted(user, sid, role)
 
     async def decide(
         self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
@@ -107,6 +119,7 @@ class Gateway:
             await asyncio.gather(*(c.close("server_draining") for c in conns))
 
     async def close(self) -> None:
+        await self.access.close()
         await self.hub.close()
 
 

@@ -28,7 +28,13 @@ CODES: dict[str, Disconnect] = {
     "unauthorized": Disconnect(4401, "reauth", "missing or invalid token"),
     "token_expired": Disconnect(4402, "reauth", "the token expired during the connection"),
     "auth_timeout": Disconnect(4408, "reauth", "no auth message in time"),
-    "forbidden": Disconnect(4403, "stop", "Origin not allowed"),
+    "token_revoked": Disconnect(4409, "reauth", "the user's tokens were revoked: get a new token"),
+    "forbidden": Disconnect(
+        4403,
+        "stop",
+        "not allowed: bad Origin, or your access to the session was removed or "
+        "lowered (subscribe again if your role still lets you read)",
+    ),
     "rate_limited": Disconnect(4429, "resume", "far too many messages; back off, then resume"),
     "protocol_error": Disconnect(4400, "stop", "binary frames or repeated malformed messages"),
     "internal": Disconnect(4500, "resume", "unexpected server error; back off, then resume"),

@@ -9,6 +9,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 CONN_KINDS = ("ws", "sse")
+ACCESS_CODES = ("forbidden", "token_revoked")
+ACCESS_VIAS = ("message", "recheck", "subscribe")
 _LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
@@ -90,9 +92,19 @@ class GatewayMetrics:
             ["route", "status"],
             registry=registry,
         )
+        self.access_ended = Counter(
+            "runlog_gateway_access_ended_total",
+            "Client streams ended because access ended, by code (forbidden: member removed or "
+            "demoted; token_revoked) and by what found it (message, recheck, subscribe).",
+            ["code", "via"],
+            registry=registry,
+        )
         for k in CONN_KINDS:
             self.connections.labels(k)
             self.slow_disconnects.labels(k)
+        for code in ACCESS_CODES:
+            for via in ACCESS_VIAS:
+                self.access_ended.labels(code, via)
 
 
 class _FramesCollector(Collector):

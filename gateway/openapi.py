@@ -83,8 +83,8 @@ def _config_op() -> dict[str, Any]:
 
 @functools.cache
 def document() -> dict[str, Any]:
-    bodies = (rest.CreateSession, rest.AddMember, rest.StartRun, rest.InterruptBody,
-              rest.DecideBody)  # fmt: skip
+    bodies = (rest.CreateSession, rest.AddMember, rest.SetRole, rest.StartRun,
+              rest.InterruptBody, rest.DecideBody)  # fmt: skip
     (_, *_rest), components = msgspec.json.schema_components(
         [*bodies, events.AnyEvent], ref_template="#/components/schemas/{name}"
     )
@@ -109,8 +109,16 @@ def document() -> dict[str, Any]:
             "/v1/sessions/{session_id}": {"get": _op("A session: members, runs, head",
                                                      params=("session_id",))},
             "/v1/sessions/{session_id}/members": {
-                "post": _op("Add a member or change its role (owners only)", body="AddMember",
+                "post": _op("Add a member or change its role, as PATCH does (owners only)",
+                            body="AddMember",
                             ok=201, params=("session_id",))},
+            "/v1/sessions/{session_id}/members/{user_id}": {
+                "patch": _op("Change a member's role (owners only; 409 last_owner for the "
+                             "last owner; the member's streams end if it was demoted)",
+                             body="SetRole", params=("session_id", "user_id")),
+                "delete": _op("Remove a member (owners only; 409 last_owner for the last "
+                              "owner; its streams end on every gateway)",
+                              params=("session_id", "user_id"))},
             "/v1/sessions/{session_id}/runs": {
                 "post": _op("Start a run (202 with its id; SSE with Accept: text/event-stream)",
                             body="StartRun", ok=202, sse=True, params=("session_id",))},

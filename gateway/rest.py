@@ -37,6 +37,10 @@ class AddMember(_Body):
     role: Role
 
 
+class SetRole(_Body):
+    role: Role
+
+
 class StartRun(_Body):
     input: Annotated[str, msgspec.Meta(max_length=32000)] = ""
     model: Annotated[str, msgspec.Meta(max_length=200)] = ""
@@ -138,11 +142,36 @@ async def add_member(request: web.Request) -> web.Response:
     sid = request.match_info["session_id"]
     body = await read_body(request, AddMember, gw)
     await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "add members")
-    await gw.broker.store.add_member(sid, body.user_id, body.role, p.user)
-    await gw.broker.store.audit(
-        p.user, "add_member", session_id=sid, detail={"user_id": body.user_id, "role": body.role}
+    # An existing member's role is changed, under the same rules as PATCH.
+    before = await gw.broker.store.add_member(sid, body.user_id, body.role, p.user)
+    await gw.access.member_changed(sid, body.user_id, body.role, before)
+    return json_response({"session_id": sid, "user_id": body.user_id, "role": body.role,
+                          "previous_role": before}, 201)  # fmt: skip
+
+
+async def set_member_role(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    sid, user_id = request.match_info["session_id"], request.match_info["user_id"]
+    body = await read_body(request, SetRole, gw)
+    await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "change roles")
+    before = await gw.broker.store.set_member_role(sid, user_id, body.role, p.user)
+    await gw.access.member_changed(sid, user_id, body.role, before)
+    return json_response(
+        {"session_id": sid, "user_id": user_id, "role": body.role, "previous_role": before}
     )
-    return json_response({"session_id": sid, "user_id": body.user_id, "role": body.role}, 201)
+
+
+async def remove_member(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    sid, user_id = request.match_info["session_id"], request.match_info["user_id"]
+    await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "remove members")
+    before = await gw.broker.store.remove_member(sid, user_id, p.user)
+    await gw.access.member_changed(sid, user_id, None, before)
+    return json_response(
+        {"session_id": sid, "user_id": user_id, "role": None, "previous_role": before}
+    )
 
 
 async def start_run(request: web.Request) -> web.StreamResponse:
@@ -158,7 +187,7 @@ async def start_run(request: web.Request) -> web.StreamResponse:
     await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "start runs")
     run_id = await gw.broker.start_run(sid, p.user, input=body.input, model=body.model)
     if wants_sse(request):
-        return await sse.stream(request, gw, p.user, "run", run_id, 0)
+        return await sse.stream(request, gw, p.user, "run", run_id, 0, issued_at=p.issued_at)
     return json_response(
         {"run_id": run_id, "session_id": sid, "events_url": f"/v1/runs/{run_id}/events"}, 202
     )
@@ -194,7 +223,7 @@ async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResp
     await gw.authorize_stream(p.user, kind, ident)
     after = sse.cursor_from(request)
     if wants_sse(request):
-        return await sse.stream(request, gw, p.user, kind, ident, after)
+        return await sse.stream(request, gw, p.user, kind, ident, after, issued_at=p.issued_at)
     limit = _limit(request, gw)
     store = gw.broker.store
     by_run = kind == "run"

@@ -110,8 +110,11 @@ def cursor_from(request: web.Request) -> int:
 
 
 async def stream(
-    request: web.Request, gw: Gateway, user: str, kind: str, ident: str, after: int
-) -> web.StreamResponse:
+    request: web.Request, gw: Gateway, user: str, kind: str, ident: str, after: int,
+    *, issued_at: float = 0.0,
+) -> web.StreamResponse:  # fmt: skip
+    """`issued_at`: the `iat` of the token it was opened with (0: any
+    revocation of the user ends it)."""
     if gw.draining:
         raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
     head, ended = await gw.broker.store.stream_head(
@@ -129,6 +132,7 @@ async def stream(
     await resp.prepare(request)
     await resp.write(b"retry: 1000\n: connected\n\n")
     client = SseClient(gw, request, resp, user)
+    client.issued_at = issued_at
     key = f"{kind}:{ident}"
     try:
         try:

@@ -165,11 +165,12 @@ class WsClient(Connection):
                 self.reply("ack", ref=msg.ref, result=result)
 
     def authenticate(self, token: str) -> None:
-        p = auth.verify(self.gw.settings, token)
+        p = self.gw.verify(token)
         if self.principal is not None and p.user != self.principal.user:
             raise errors.Forbidden("a connection cannot change user")
         self.principal = p
         self.user = p.user
+        self.issued_at = p.issued_at
         if self._expiry is not None:
             self._expiry.cancel()
         delay = max(0.0, p.expires_at - time.time())
@@ -178,6 +179,16 @@ class WsClient(Connection):
 
     def _expire(self) -> None:
         self.close("token_expired")
+
+    def end_topic(self, key: str, code: str, message: str) -> None:
+        """End just this subscription (the socket stays): `unsubscribed` with
+        the code and the cursor of the last event of it the client gets."""
+        member = self.members.get(key)
+        if member is None or self.state is not State.OPEN:
+            return
+        cursor = member.position
+        self.detach(key)
+        self.reply("unsubscribed", topic=key, code=code, message=message, cursor=cursor)
 
     async def subscribe(self, msg: protocol.Subscribe) -> None:
         kind, ident = protocol.topic_of(msg)
@@ -215,7 +226,7 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
     for p in offered:
         if p.startswith(protocol.BEARER_SUBPROTOCOL_PREFIX):
             token = p[len(protocol.BEARER_SUBPROTOCOL_PREFIX) :]
-    principal = auth.verify(s, token) if token else None  # bad token: 401 before upgrade
+    principal = gw.verify(token) if token else None  # bad token: 401 before upgrade
 
     ws = web.WebSocketResponse(
         protocols=(protocol.SUBPROTOCOL,),

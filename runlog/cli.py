@@ -7,6 +7,7 @@ runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
 runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
 runlog worker     a worker: takes run jobs, executes runs (--concurrency N)
 runlog token      mint a development bearer token for --user
+runlog revoke     revoke every token of --user issued so far (ends its connections)
 runlog prune      delete runs that ended more than --older-than-days ago
 runlog settings   print every setting with its variable, flag and default
 """
@@ -56,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--user", required=True, help="the user id (the token's subject)")
     tok.add_argument("--ttl-s", type=float, default=None, help="lifetime in seconds")
     Settings.add_arguments(tok)
+
+    rv = sub.add_parser(
+        "revoke", help="revoke every token of a user issued so far; its connections end"
+    )
+    rv.add_argument("--user", required=True, help="the user id (the tokens' subject)")
+    Settings.add_arguments(rv)
 
     tail = sub.add_parser("tail", help="print a run's events live, readably")
     tail.add_argument("run_id")
@@ -133,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
             from gateway import auth
 
             print(auth.mint(settings, args.user, args.ttl_s))
+        elif args.command == "revoke":
+            asyncio.run(_revoke(settings, args.user))
         elif args.command == "up":
             from . import up
 
@@ -183,6 +192,42 @@ async def _prune(
     finally:
         await pool.close()
     print(report.describe())
+
+
+async def _revoke(settings: Settings, user: str) -> None:
+    """Record the revocation in PostgreSQL (what every gateway re-checks), then
+    tell the gateways at once over NATS."""
+    import datetime
+
+    from broker import control
+    from broker.bus import Bus
+    from broker.store import Store
+    from gateway import access
+
+    _need_urls(settings)
+    store = await Store.connect(settings.database_url, settings)
+    try:
+        not_before = await store.revoke_tokens(user, "runlog revoke")
+    finally:
+        await store.close()
+    at = datetime.datetime.fromtimestamp(not_before, datetime.UTC).isoformat()
+    print(f"revoked: tokens of user {user!r} issued before {at} are refused "
+          f"(not_before {not_before:.0f})")  # fmt: skip
+    sent = False
+    try:
+        bus = await Bus.connect(settings.nats_url, settings, name="runlog-revoke")
+    except errors.BusUnavailable as e:
+        print(f"runlog: warning: {e.detail}", file=sys.stderr)
+    else:
+        try:
+            sent = await access.send(
+                bus, control.TokensRevoked(user_id=user, not_before=not_before)
+            )
+        finally:
+            await bus.close()
+    if not sent:
+        print(f"runlog: the gateways were not told at once; each applies it within "
+              f"access_recheck_s ({settings.access_recheck_s:.0f} s)", file=sys.stderr)  # fmt: skip
 
 
 async def _worker(settings: Settings, concurrency: int | None) -> None:

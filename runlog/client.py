@@ -13,7 +13,9 @@ resume`, or retryable error (e.g. `storage_unavailable` while PostgreSQL is
 down) — to the next gateway in the list, with exponential backoff and full
 jitter — resubscribes from that cursor, and drops anything at or below it, so
 the caller sees every event exactly once, in order. It gives up only on a
-non-retryable error (raised as `ClientError`), a disconnect saying not to
+non-retryable error (raised as `ClientError`, also when the server ends the
+subscription because the user's access to the session ended: `forbidden`), a
+disconnect saying not to
 come back (`Unrecoverable`), or `max_reconnects` attempts in a row that
 never got subscribed (`ConnectionError`). A run's stream ends after `run_end`.
 
@@ -142,6 +144,18 @@ class Client:
             "POST", f"/v1/sessions/{session_id}/members", {"user_id": user_id, "role": role}
         )
 
+    async def set_role(self, session_id: str, user_id: str, role: str) -> str:
+        """Change a member's role; returns the one it had."""
+        data = await self._call(
+            "PATCH", f"/v1/sessions/{session_id}/members/{user_id}", {"role": role}
+        )
+        return str(data["previous_role"])
+
+    async def remove_member(self, session_id: str, user_id: str) -> str:
+        """Remove a member; returns the role it had."""
+        data = await self._call("DELETE", f"/v1/sessions/{session_id}/members/{user_id}")
+        return str(data["previous_role"])
+
     async def start_run(self, session_id: str, input: str = "", model: str = "") -> str:
         data = await self._call(
             "POST", f"/v1/sessions/{session_id}/runs", {"input": input, "model": model}
@@ -239,6 +253,9 @@ class Client:
                     if m.get("retryable"):
                         raise _Retry(m["code"])  # e.g. storage_unavailable: wait it out
                     raise ClientError(400, m["code"], m.get("message", ""), m)
+                elif kind == "unsubscribed" and m.get("topic") == topic and m.get("code"):
+                    # The server ended it: access to the session was removed or lowered.
+                    raise ClientError(403, m["code"], m.get("message", ""), m)
                 elif kind == "disconnect":
                     if m.get("reconnect") != "resume":
                         raise Unrecoverable(0, m["code"], m.get("message", ""), m)

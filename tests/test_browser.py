@@ -470,6 +470,23 @@ _CLIENT_RULES_JS = """async () => {
   for (const id of ["7", "8", "9"]) es.onmessage({ data: JSON.stringify({ type: "x" }), lastEventId: id });
   out.sse = { url: es.url, transport: c2.transport, attempts: sockets.length - 3, got: got2 };
   c2.close();
+
+  // The server ends one subscription (access removed): final for it, the
+  // socket and the other subscription stay.
+  const before = sockets.length, ended = [], got3 = [];
+  const c3 = new RunlogClient({ baseUrl: "http://gw-a", token: "tok", WebSocket: FakeWS });
+  c3.subscribe({ sessionId: "s-gone", onError: (e) => ended.push(e.code) });
+  c3.subscribe({ runId: "r-kept", onEvent: (c) => got3.push(c) });
+  await until(() => sockets.length === before + 1, "a socket for c3");
+  const s4 = sockets[before];
+  s4.recv({ type: "hello", heartbeat_s: 15 });
+  s4.recv({ type: "subscribed", topic: "session:s-gone", cursor: 0, head: 0 });
+  s4.recv({ type: "subscribed", topic: "run:r-kept", cursor: 0, head: 0 });
+  s4.recv({ type: "unsubscribed", topic: "session:s-gone", code: "forbidden", message: "m", cursor: 0 });
+  s4.recv({ type: "event", topic: "run:r-kept", cursor: 1, event: { type: "x" } });
+  await tick(50);
+  out.ended = { errors: ended, got: got3, sockets: sockets.length - before };
+  c3.close();
   return out;
 }"""
 
@@ -607,3 +624,4 @@ async def test_client_rules_with_fake_sockets(cluster: Cluster, pages: Pages) ->
     assert out["sse"]["url"] == "http://gw-a/v1/sessions/s1/events?after=7&access_token=tok"
     assert out["sse"]["transport"] == "sse" and out["sse"]["attempts"] == 3
     assert out["sse"]["got"] == [8, 9]
+    assert out["ended"] == {"errors": ["forbidden"], "got": [1], "sockets": 1}

@@ -87,3 +87,22 @@ def test_bad_file_names_are_refused(tmp_path: Path) -> None:
     write(tmp_path, "1_init.sql", "SELECT 1;")
     with pytest.raises(errors.MigrationError):
         migrate.load(tmp_path)
+
+
+async def test_a_gateway_on_a_schema_without_revocations_is_told_to_migrate(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    from broker.settings import Settings
+    from broker.store import Store
+
+    for m in migrate.load():
+        if m.version < 3:  # the schema before token revocation
+            write(tmp_path, f"{m.version:04d}_{m.name}.sql", m.sql)
+    await migrate.apply(fresh_db, tmp_path)
+    store = await Store.connect(fresh_db, Settings.from_env({}))
+    try:
+        with pytest.raises(errors.MigrationError) as e:
+            await store.token_revocations()
+        assert (e.value.code, e.value.hint) == ("migration_failed", "run `runlog migrate` first")
+    finally:
+        await store.close()

@@ -49,12 +49,12 @@ const BEARER_PREFIX = "bearer.";
 // "Disconnect codes"); anything else, e.g. 1006 after a kill -9, is "resume".
 const CLOSE_ACTIONS = {
   4000: "resume", 4001: "resume", 4002: "resume", 4429: "resume", 4500: "resume",
-  4401: "reauth", 4402: "reauth", 4408: "reauth",
+  4401: "reauth", 4402: "reauth", 4408: "reauth", 4409: "reauth",
   4403: "stop", 4400: "stop",
 };
 // Disconnects after which the server asks us to back off before coming back.
 const BACK_OFF_FIRST = new Set(["rate_limited", "internal", "storage_unavailable", 4429, 4500, 4002]);
-const AUTH_CODES = new Set(["unauthorized", "token_expired"]);
+const AUTH_CODES = new Set(["unauthorized", "token_expired", "token_revoked"]);
 
 /** Exponential backoff with full jitter: a random delay in [0, min(max, base·2^attempt)). */
 export function backoffDelay(attempt, { baseMs = 250, maxMs = 10000 } = {}, random = Math.random) {
@@ -323,7 +323,16 @@ export class RunlogClient {
       case "disconnect":
         conn.disconnect = msg;
         break;
-      default: // pong, ack, unsubscribed, and types added later
+      case "unsubscribed": {
+        // With a code, the server ended it (access removed or lowered): final.
+        const sub = msg.code ? this._subs.get(msg.topic) : undefined;
+        if (sub) {
+          this._subs.delete(msg.topic);
+          sub._fail(new RunlogError(msg));
+        }
+        break;
+      }
+      default: // pong, ack, and types added later
         break;
     }
   }
