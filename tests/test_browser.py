@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +23,9 @@ import pytest_asyncio
 from aiohttp import web
 from playwright.async_api import Browser, Page, WebSocketRoute, expect
 
+from broker import events, ids
 from broker.embedded import free_port
+from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import auth
 
@@ -313,6 +317,211 @@ async def test_model_text_with_html_is_shown_as_text(
     assert await alice.evaluate("window.__xss") is None
     for selector in ("img", "b", "a", "#injected", "body script:not([src])", "main script"):
         assert await alice.locator(selector).count() == 0, selector
+
+
+# What the console shows of untrusted text (docs/console.md, "Untrusted
+# text"): each value isolated, and in names, tool calls and approvals every
+# bidi, zero-width or control character as a visible marker.
+RLO, PDF, ZWSP = "\u202e", "\u202c", "\u200b"
+TITLE = f"Quarterly {RLO}troper{ZWSP}"  # "Quarterly report" at a glance
+TOOL_NAME = f"send_{RLO}liame"  # reads "send_email"
+SHORT_ARGS = json.dumps({"to": "team@example.com", "note": f"{RLO}/ fr- mr{ZWSP}"},
+                        ensure_ascii=False)  # fmt: skip
+# Over 100 characters and JSON-escaped (U+202E as six ASCII characters): the
+# console pretty-prints it once the call ends, which decodes the escapes.
+LONG_ARGS = json.dumps({"command": f"rm -rf / {RLO}# tidy the temp folder{ZWSP}",
+                        "cwd": "/srv/app/releases/2024-06-01/build-output"})  # fmt: skip
+SUMMARY = f"run_shell: tidy the temp folder {RLO}/ fr- mr{PDF}{ZWSP}"
+BOB = f"bob{ZWSP}"  # looks like "bob"
+COMMENT = f"not {RLO}yako{PDF}"
+PROSE = f"Done. שלום {RLO}olleh"
+
+_RENDERED_JS = r"""(runId) => {
+  const run = document.querySelector(`.run[data-run-id="${runId}"]`);
+  const tool = (id) => run.querySelector(`.tool[data-tool-call-id="${id}"]`);
+  const approval = run.querySelector(".approval");
+  // The nearest element that isolates the text node holding `needle` (its
+  // parent or an ancestor up to `root`): tag, dir and computed unicode-bidi.
+  // Blocks (div, h1, li, pre) are isolates by the UA style sheet, so which
+  // element it is matters: a value must be isolated from its own line.
+  const isolation = (root, needle) => {
+    const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    let node;
+    while ((node = walk.nextNode()) && !node.data.includes(needle));
+    if (!node) return `no text ${needle}`;
+    for (let el = node.parentElement; el; el = el === root ? null : el.parentElement) {
+      const bidi = getComputedStyle(el).unicodeBidi;
+      if (bidi === "isolate") return [el.tagName.toLowerCase(), el.getAttribute("dir"), bidi];
+    }
+    return "not isolated";
+  };
+  const controls = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200b-\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff]/u;
+  // Everything but the prose (model text, the user's input) is free of raw controls.
+  const rest = run.cloneNode(true);
+  rest.querySelectorAll(".message, .run-input").forEach((e) => e.remove());
+  const message = run.querySelector(".message");
+  return {
+    documentTitle: document.title,
+    sessionTitle: document.getElementById("session-title").textContent,
+    sessionName: document.querySelector(".session-item.active .session-name").textContent,
+    members: [...document.querySelectorAll(".member-name")].map((e) => e.textContent).sort(),
+    toolNames: [tool("call_1"), tool("call_2")].map((t) => t.querySelector(".tool-name").textContent),
+    shortArgs: tool("call_1").querySelector(".tool-args").textContent,
+    longArgs: tool("call_2").querySelector(".tool-args").textContent,
+    approvalTool: approval.querySelector(".tool-name").textContent,
+    summary: approval.querySelector(".approval-summary").textContent,
+    decision: approval.querySelector(".approval-decision").textContent,
+    markers: [...approval.querySelectorAll(".ctl")].map((e) => e.textContent),
+    rawInApproval: controls.test(approval.textContent) || controls.test(approval.innerText),
+    rawOutsideProse: controls.test(rest.textContent),
+    message: message.textContent,
+    isolated: {
+      sessionTitle: isolation(document.getElementById("session-title"), "Quarterly"),
+      sessionName: isolation(document.querySelector(".session-item.active"), "Quarterly"),
+      member: isolation(document.getElementById("members"), "bob"),
+      toolName: isolation(tool("call_1").querySelector(".tool-head"), "send_"),
+      args: isolation(tool("call_2"), "rm -rf"),
+      approvalTool: isolation(approval.querySelector(".approval-head"), "run_shell"),
+      summary: isolation(approval, "tidy the temp folder"),
+      decidedBy: isolation(approval.querySelector(".approval-decision"), "bob"),
+      comment: isolation(approval.querySelector(".approval-decision"), "yako"),
+      message: isolation(message, "Done."),
+    },
+  };
+}"""
+
+
+async def _write_untrusted_run(broker: Broker, sid: str) -> str:
+    """A run, straight into the log, whose tool calls, approval and text carry
+    bidi overrides and zero-width characters (as a model, a tool or another
+    user could write them, whatever the gateway accepts today)."""
+    run_id = await broker.store.create_run(sid, "alice", input="echo: שלום")
+    w = await broker.claim(run_id, "test-writer")
+    approval_id = ids.approval_id()
+    expires = int(time.time() * 1000) + 600_000
+    for e in [
+        events.RunStart(started_by="alice", input="echo: שלום", model="scripted"),
+        events.ToolCallStart(tool_call_id="call_1", tool_name=TOOL_NAME, risk_level="high"),
+        events.ToolArgsDelta(tool_call_id="call_1", partial_json=SHORT_ARGS[:20]),
+        events.ToolArgsDelta(tool_call_id="call_1", partial_json=SHORT_ARGS[20:]),
+        events.ToolCallEnd(tool_call_id="call_1"),
+        events.ToolResult(tool_call_id="call_1", status="ok"),
+        events.ToolCallStart(tool_call_id="call_2", tool_name="run_shell", risk_level="high"),
+        events.ToolArgsDelta(tool_call_id="call_2", partial_json=LONG_ARGS),
+        events.ToolCallEnd(tool_call_id="call_2"),
+        events.ApprovalRequired(
+            approval_id=approval_id, tool_call_id="call_2", summary=SUMMARY, expires_at=expires
+        ),
+        events.ApprovalDecided(
+            approval_id=approval_id, decision="reject", decided_by=BOB, comment=COMMENT
+        ),
+        events.ToolResult(tool_call_id="call_2", status="denied"),
+        events.TextDelta(message_id="m1", delta=PROSE[:9]),
+        events.TextDelta(message_id="m1", delta=PROSE[9:]),
+        events.RunEnd(status="completed"),
+    ]:
+        await w.append(e)
+    await w.flush()
+    return run_id
+
+
+async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
+    cluster: Cluster, pages: Pages, broker: Broker
+) -> None:
+    a, _ = cluster.gateways
+    # Straight into the store: the console must hold whatever the edge lets in.
+    sid = await broker.store.create_session("alice", TITLE)
+    await broker.store.add_member(sid, BOB, "approver", "alice")
+    run_id = await _write_untrusted_run(broker, sid)
+    alice = await pages.open("alice", console_url(a.url, cluster.token("alice"), session=sid))
+    card = run_card(alice, run_id)
+    await expect(card).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    await expect(card.locator(".approval")).to_have_attribute("data-state", "reject")
+    await expect(alice.locator(".session-item.active")).to_have_count(1)
+    await expect(alice.locator(".member")).to_have_count(2)
+    got = await alice.evaluate(_RENDERED_JS, run_id)
+
+    title = "Quarterly ⟨U+202E⟩troper⟨U+200B⟩"
+    assert got["documentTitle"] == f"{title} · runlog"
+    assert got["sessionTitle"] == title
+    assert got["sessionName"] == title
+    assert got["members"] == ["alice (you)", "bob⟨U+200B⟩"]
+    assert got["toolNames"] == ["send_⟨U+202E⟩liame", "run_shell"]
+    assert got["shortArgs"] == '{"to": "team@example.com", "note": "⟨U+202E⟩/ fr- mr⟨U+200B⟩"}'
+    assert got["longArgs"] == (
+        "{\n"
+        '  "command": "rm -rf / ⟨U+202E⟩# tidy the temp folder⟨U+200B⟩",\n'
+        '  "cwd": "/srv/app/releases/2024-06-01/build-output"\n'
+        "}"
+    )
+    assert got["approvalTool"] == "run_shell"
+    assert got["summary"] == "run_shell: tidy the temp folder ⟨U+202E⟩/ fr- mr⟨U+202C⟩⟨U+200B⟩"
+    assert got["decision"] == "Rejected by bob⟨U+200B⟩ — “not ⟨U+202E⟩yako⟨U+202C⟩”"
+    assert got["markers"] == [
+        "⟨U+202E⟩", "⟨U+202C⟩", "⟨U+200B⟩", "⟨U+200B⟩", "⟨U+202E⟩", "⟨U+202C⟩",
+    ]  # fmt: skip
+    assert got["rawInApproval"] is False
+    assert got["rawOutsideProse"] is False
+    assert got["message"] == PROSE  # prose keeps its characters, RTL and all...
+    auto = ["bdi", "auto", "isolate"]
+    assert got["isolated"] == {
+        "sessionTitle": auto, "sessionName": auto, "member": auto, "toolName": auto,
+        "args": ["pre", "ltr", "isolate"],  # code reads left to right
+        "approvalTool": auto, "summary": auto, "decidedBy": auto, "comment": auto,
+        "message": ["div", "auto", "isolate"],  # ...isolated
+    }  # fmt: skip
+
+
+# Each character dom.js shows as a marker, and what it leaves alone.
+MARKED = [
+    *range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0),  # C0 but tab and LF, DEL, C1
+    0xAD, 0x61C, 0x180E, *range(0x200B, 0x2010), 0x2028, 0x2029,
+    *range(0x202A, 0x202F), *range(0x2060, 0x2065), *range(0x2066, 0x2070),
+    0xFEFF, 0xFFF9, 0xFFFA, 0xFFFB, 0xE0001, 0xE0041, 0xE007F,
+]  # fmt: skip
+KEPT = ["\t", "\n", " ", "é", "ש", "م", "😀", "\u034f", "\ufe0f"]
+
+_DOM_JS = """async ([marked, kept]) => {
+  const { h, setText, untrusted, prose, plainText, firstVisible, TextStream } = await import("/static/dom.js");
+  const el = document.createElement("div");
+  const shown = (cp) => h("span", {}, `a${String.fromCodePoint(cp)}b`).textContent;
+  const stream = (parts, escape) => {
+    const s = new TextStream(document.createElement("pre"), { escape });
+    for (const p of parts) s.append(p);
+    return [s.el.textContent, s.text, s.el.querySelectorAll(".ctl").length, s.el.childNodes.length];
+  };
+  setText(el, "x", untrusted("y\\u202ez"), prose("\\u202e"));
+  return {
+    marked: marked.map(shown),
+    kept: kept.map((c) => h("span", {}, c).textContent),
+    untrusted: [untrusted("a\\u202eb").outerHTML, el.innerHTML],
+    // A tag character split between two deltas is still caught.
+    split: stream(["x\\udb40", "\\udc41y", "z"], true),
+    prose: stream(["\\u202ea", "b\\u200d"], false),
+    plain: plainText("bob\\u200b \\u202e"),
+    first: [firstVisible("\\u200b\\u202e\\u00e9x"), firstVisible("\\ud83d\\ude00!"), firstVisible("\\u200b")],
+  };
+}"""
+
+
+async def test_dom_shows_each_control_character_as_a_marker(cluster: Cluster, pages: Pages) -> None:
+    a, _ = cluster.gateways
+    page = await pages.open("dom", a.url + "/healthz")
+    got = await page.evaluate(_DOM_JS, [MARKED, KEPT])
+    assert got["marked"] == [f"a⟨U+{cp:04X}⟩b" for cp in MARKED]
+    assert got["kept"] == KEPT
+    marker = (
+        '<span class="ctl" dir="ltr" title="RIGHT-TO-LEFT OVERRIDE, an invisible character'
+        ' shown in its place">⟨U+202E⟩</span>'
+    )
+    assert got["untrusted"] == [
+        f'<bdi class="untrusted" dir="auto">a{marker}b</bdi>',
+        f'x<bdi class="untrusted" dir="auto">y{marker}z</bdi><bdi class="prose" dir="auto">\u202e</bdi>',
+    ]  # fmt: skip
+    assert got["split"] == ["x⟨U+E0041⟩yz", "x\U000e0041yz", 1, 3]
+    assert got["prose"] == ["\u202eab\u200d", "\u202eab\u200d", 0, 1]
+    assert got["plain"] == "bob⟨U+200B⟩ ⟨U+202E⟩"
+    assert got["first"] == ["é", "😀", ""]
 
 
 async def test_falls_back_to_sse_when_websockets_are_blocked(

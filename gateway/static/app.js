@@ -3,8 +3,9 @@
 // Sign-in: the page reads `#token=<jwt>` (and optionally `&gateways=url1,url2`
 // for failover, `&session=<id>`), keeps them in sessionStorage (this tab
 // only) and removes the token from the address bar. Everything the model or
-// another user wrote is untrusted: it is put in the page with textContent /
-// text nodes only, never parsed as HTML.
+// another user wrote is untrusted: it is put in the page through dom.js only
+// (text nodes, never parsed as HTML; each value isolated, its invisible
+// control characters shown as markers).
 //
 // A link is anyone's to write, so its gateways are not taken on trust: the
 // page talks only to its own origin and the gateways this deployment lists
@@ -14,7 +15,7 @@
 
 import { RunlogClient, tokenClaims } from "./runlog-client.js";
 import { RunView } from "./run-view.js";
-import { h, shortId, showError, clearError } from "./dom.js";
+import { h, setText, untrusted, plainText, firstVisible, shortId, showError, clearError } from "./dom.js";
 
 const TOKEN_KEY = "runlog.token";
 const GATEWAYS_KEY = "runlog.gateways";
@@ -98,7 +99,7 @@ function gatewayKey(u) {
 }
 
 function showNotice(text) {
-  $("notice-text").textContent = text;
+  setText($("notice-text"), text);
   $("notice").hidden = false;
 }
 
@@ -127,7 +128,7 @@ const indicator = {
   },
   show(kind, text) {
     $("conn").dataset.state = kind;
-    $("conn-text").textContent = text;
+    setText($("conn-text"), text);
   },
 };
 
@@ -156,8 +157,8 @@ async function start() {
 
 function signIn(token, gateways) {
   app.me = tokenClaims(token)?.sub ?? "?";
-  $("me").textContent = app.me;
-  $("me").title = `signed in as ${app.me}`;
+  setText($("me"), untrusted(app.me));
+  $("me").title = `signed in as ${plainText(app.me)}`;
   app.client = new RunlogClient({
     baseUrls: gateways,
     token,
@@ -169,7 +170,7 @@ function signIn(token, gateways) {
       } catch {
         /* keep it */
       }
-      $("gateway").textContent = `${host}${c.transport === "sse" ? " · SSE" : ""}`;
+      setText($("gateway"), host, c.transport === "sse" ? " · SSE" : "");
       $("gateway").dataset.gateway = c.baseUrl;
       $("gateway").dataset.transport = c.transport;
     },
@@ -185,7 +186,7 @@ let pendingAuth = null;
 function askForToken(message) {
   if (pendingAuth) return pendingAuth.promise;
   const banner = $("auth-banner");
-  if (message) $("auth-text").textContent = message;
+  if (message) setText($("auth-text"), message);
   banner.hidden = false;
   let resolve;
   const promise = new Promise((r) => (resolve = r));
@@ -310,7 +311,7 @@ function renderSessions() {
         "data-session-id": s.session_id,
         onclick: () => selectSession(s.session_id),
       },
-      h("span", { class: "session-name" }, s.title || "Untitled session"),
+      h("span", { class: "session-name" }, s.title ? untrusted(s.title) : "Untitled session"),
       h("span", { class: "session-meta" }, `${s.your_role} · ${shortId(s.session_id)}`)),
     ));
   }
@@ -333,7 +334,7 @@ async function openSession(id) {
     $("members-panel").hidden = true;
     $("empty").hidden = false;
     $("empty").replaceChildren(h("h1", {}, "Cannot open this session"),
-      h("p", { class: "error-text" }, `${e.code}: ${e.message}`));
+      h("p", { class: "error-text" }, `${e.code}: `, untrusted(e.message)));
     return;
   }
   if (app.view) app.view.close(); // a later click won the race
@@ -351,13 +352,13 @@ class SessionView {
     this.runs = new Map();
     this.members = info.members;
     const listed = app.sessions.find((s) => s.session_id === this.id);
-    const title = listed?.title || "Untitled session";
-    document.title = `${title} · runlog`;
-    $("session-title").textContent = title;
-    $("session-id").textContent = this.id;
-    $("session-role").textContent = this.role;
+    const title = listed?.title;
+    document.title = `${title ? plainText(title) : "Untitled session"} · runlog`;
+    setText($("session-title"), title ? untrusted(title) : "Untitled session");
+    setText($("session-id"), this.id);
+    setText($("session-role"), this.role);
     $("session-role").dataset.role = this.role;
-    $("session-policy").textContent = `new runs: ${info.run_policy}`;
+    setText($("session-policy"), `new runs: ${info.run_policy}`);
     $("runs").replaceChildren();
     $("runs-empty").hidden = false;
     $("empty").hidden = true;
@@ -368,7 +369,7 @@ class SessionView {
     $("run-input").disabled = !this.canAct;
     $("start-run").disabled = !this.canAct;
     $("composer-note").hidden = this.canAct;
-    $("composer-note").textContent = this.canAct ? "" : "You are a viewer: you can watch runs, not start or stop them.";
+    setText($("composer-note"), this.canAct ? "" : "You are a viewer: you can watch runs, not start or stop them.");
     clearError($("composer-error"));
     this.renderMembers();
     indicator.set("connecting");
@@ -424,8 +425,9 @@ class SessionView {
     ul.replaceChildren();
     for (const m of this.members) {
       ul.append(h("li", { class: "member", "data-user": m.user_id, "data-role": m.role },
-        h("span", { class: "avatar", "aria-hidden": "true" }, (m.user_id[0] || "?").toUpperCase()),
-        h("span", { class: "member-name" }, m.user_id, m.user_id === app.me ? h("span", { class: "muted" }, " (you)") : null),
+        h("span", { class: "avatar", "aria-hidden": "true" }, (firstVisible(m.user_id) || "?").toUpperCase()),
+        h("span", { class: "member-name" }, untrusted(m.user_id),
+          m.user_id === app.me ? h("span", { class: "muted" }, " (you)") : null),
         h("span", { class: `role role-${m.role}` }, m.role)));
     }
   }

@@ -5,8 +5,13 @@
 // message's text), status lines, one card per tool call (arguments fill in
 // as `tool_args_delta` streams, then the result), approval cards, errors,
 // and the end with its usage and stop audit.
+//
+// Every value from the log goes in through dom.js: untrusted() for names,
+// tool calls, approvals, reasons and codes (isolated, controls as markers),
+// TextStream for text that streams (prose kept as written, arguments with
+// markers), each in an element with its own `dir`.
 
-import { h, shortId, showError, clearError, timeOf } from "./dom.js";
+import { h, setText, untrusted, prose, TextStream, shortId, showError, clearError, timeOf } from "./dom.js";
 
 const STATUS_LABELS = {
   running: "running",
@@ -55,7 +60,7 @@ export class RunView {
     this.status = status;
     this.el.dataset.status = status;
     this.badge.dataset.status = status;
-    this.badge.textContent = STATUS_LABELS[status] ?? status;
+    setText(this.badge, STATUS_LABELS[status] ?? status);
   }
 
   apply(e, cursor) {
@@ -64,19 +69,20 @@ export class RunView {
     switch (e.type) {
       case "run_start": {
         this.startTs = e.ts;
-        this.meta.replaceChildren(`started by ${e.started_by || "?"} · ${timeOf(e.ts)}`,
-          e.model ? ` · ${e.model}` : "");
+        setText(this.meta, "started by ", e.started_by ? untrusted(e.started_by) : "?", ` · ${timeOf(e.ts)}`,
+          e.model ? [" · ", untrusted(e.model)] : "");
         if (e.input) {
-          this.input.replaceChildren(h("span", { class: "input-label" }, e.started_by || "input"), e.input);
+          setText(this.input, h("span", { class: "input-label" }, e.started_by ? untrusted(e.started_by) : "input"),
+            prose(e.input));
           this.input.hidden = false;
         }
         break;
       }
       case "reasoning_delta":
-        this.reasoning(e.message_id).node.appendData(e.delta);
+        this.reasoning(e.message_id).stream.append(e.delta);
         break;
       case "text_delta":
-        this.text(e.message_id).node.appendData(e.delta);
+        this.text(e.message_id).stream.append(e.delta);
         break;
       case "message_reset": {
         const t = this.texts.get(e.message_id);
@@ -88,7 +94,7 @@ export class RunView {
       }
       case "status":
         this.add(h("div", { class: "status-line", "data-code": e.code },
-          h("span", { class: "status-code" }, e.code), e.summary ? ` ${e.summary}` : ""));
+          h("span", { class: "status-code" }, untrusted(e.code)), e.summary ? [" ", untrusted(e.summary)] : ""));
         break;
       case "progress": {
         const card = [...this.tools.values()].reverse().find((c) => !c.done);
@@ -126,16 +132,18 @@ export class RunView {
       case "interrupt_requested":
         this.add(h("div", { class: "status-line stop-line" },
           h("span", { class: "status-code" }, "stop"),
-          ` requested by ${e.requested_by || "?"}${e.reason ? ` — ${e.reason}` : ""}`));
+          " requested by ", e.requested_by ? untrusted(e.requested_by) : "?",
+          e.reason ? [" — ", untrusted(e.reason)] : ""));
         if (!this.ended) {
           this.setStatus("stopping");
           this.stopBtn.disabled = true;
-          this.stopBtn.textContent = "Stopping…";
+          setText(this.stopBtn, "Stopping…");
         }
         break;
       case "run_error":
         this.add(h("div", { class: "run-error", "data-code": e.code },
-          h("strong", {}, e.code), e.message ? ` — ${e.message}` : "", e.retryable ? " (retryable)" : ""));
+          h("strong", {}, untrusted(e.code)), e.message ? [" — ", untrusted(e.message)] : "",
+          e.retryable ? " (retryable)" : ""));
         break;
       case "run_end":
         this.end(e);
@@ -160,11 +168,11 @@ export class RunView {
   reasoning(messageId) {
     let r = this.reasonings.get(messageId);
     if (!r) {
-      const node = document.createTextNode("");
+      const textEl = h("div", { class: "reasoning-text", dir: "auto" });
       const summary = h("summary", {}, "Reasoning");
       const el = h("details", { class: "reasoning", "data-message-id": messageId, open: true },
-        summary, h("div", { class: "reasoning-text" }, node));
-      r = { el, node, touched: false };
+        summary, textEl);
+      r = { el, stream: new TextStream(textEl), touched: false };
       summary.addEventListener("click", () => (r.touched = true));
       this.reasonings.set(messageId, r);
       this.add(el);
@@ -176,9 +184,8 @@ export class RunView {
   text(messageId) {
     let t = this.texts.get(messageId);
     if (!t) {
-      const node = document.createTextNode("");
-      const el = h("div", { class: "message", "data-message-id": messageId }, node);
-      t = { el, node };
+      const el = h("div", { class: "message", dir: "auto", "data-message-id": messageId });
+      t = { el, stream: new TextStream(el) };
       this.texts.set(messageId, t);
       this.add(el);
     }
@@ -187,12 +194,12 @@ export class RunView {
 
   /** All the answer text shown, in order (tests compare it with the log). */
   get answerText() {
-    return [...this.texts.values()].map((t) => t.node.data).join("");
+    return [...this.texts.values()].map((t) => t.stream.text).join("");
   }
 
   async stop() {
     this.stopBtn.disabled = true;
-    this.stopBtn.textContent = "Stopping…";
+    setText(this.stopBtn, "Stopping…");
     clearError(this.error);
     try {
       await this.ctx.client.interrupt(this.id, "stopped from the console");
@@ -200,7 +207,7 @@ export class RunView {
       showError(this.error, e);
       if (!this.ended) {
         this.stopBtn.disabled = false;
-        this.stopBtn.textContent = "Stop";
+        setText(this.stopBtn, "Stop");
       }
     }
   }
@@ -220,25 +227,25 @@ export class RunView {
     }
     const children = [h("div", { class: "end-line" }, parts)];
     if (e.stop) children.push(this.stopAudit(e.stop));
-    this.footer.replaceChildren(...children);
+    setText(this.footer, ...children);
     this.footer.dataset.status = e.status;
     this.footer.hidden = false;
   }
 
   stopAudit(s) {
-    const effects = (s.side_effects || []).map((id) => {
+    const effects = (s.side_effects || []).map((id, i) => {
       const name = this.tools.get(id)?.name;
-      return name ? `${name} (${id})` : id;
+      return [i ? ", " : "", name ? [untrusted(name), " (", untrusted(id), ")"] : untrusted(id)];
     });
-    const row = (k, v) => [h("dt", {}, k), h("dd", {}, v)];
+    const row = (k, ...v) => [h("dt", {}, k), h("dd", {}, ...v)];
     return h("div", { class: "stop-audit" },
       h("div", { class: "audit-title" }, "Stop audit"),
       h("dl", {},
-        row("Stopped by", s.requested_by || "?"),
+        row("Stopped by", s.requested_by ? untrusted(s.requested_by) : "?"),
         row("Requested at", timeOf(s.requested_at)),
-        s.reason ? row("Reason", s.reason) : null,
+        s.reason ? row("Reason", untrusted(s.reason)) : null,
         row("Stopped at", `event #${s.at_seq}, step ${s.step}`),
-        row("Side effects done", effects.length ? effects.join(", ") : "none")));
+        row("Side effects done", effects.length ? effects : "none")));
   }
 
   tick() {
@@ -250,8 +257,8 @@ class ToolCard {
   constructor(e) {
     this.name = e.tool_name;
     this.done = false;
-    this.raw = "";
-    this.argsNode = document.createTextNode("");
+    const argsEl = h("pre", { class: "tool-args", dir: "ltr" }); // code reads left to right
+    this.argsText = new TextStream(argsEl, { escape: true });
     this.state = h("span", { class: "tool-state" }, "preparing…");
     this.bar = h("progress", { class: "tool-progress", max: "1", value: "0" });
     this.bar.hidden = true;
@@ -260,51 +267,54 @@ class ToolCard {
     this.el = h("div", { class: "tool", "data-tool-call-id": e.tool_call_id, "data-state": "args" },
       h("div", { class: "tool-head" },
         h("span", { class: "tool-icon", "aria-hidden": "true" }, "⚙"),
-        h("span", { class: "tool-name" }, e.tool_name),
-        h("span", { class: `badge risk risk-${e.risk_level}` }, `${e.risk_level} risk`),
+        h("span", { class: "tool-name" }, untrusted(e.tool_name)),
+        h("span", { class: `badge risk risk-${e.risk_level}` }, untrusted(e.risk_level), " risk"),
         h("span", { class: "spacer" }), this.state),
-      h("pre", { class: "tool-args" }, this.argsNode), this.bar, this.resultEl);
+      argsEl, this.bar, this.resultEl);
   }
 
   args(part) {
-    this.raw += part;
-    this.argsNode.appendData(part);
+    this.argsText.append(part);
   }
 
   called() {
     this.el.dataset.state = "called";
-    this.state.textContent = "running…";
-    if (this.raw.length <= 100) return; // short arguments read best on one line
+    setText(this.state, "running…");
+    const raw = this.argsText.text;
+    if (raw.length <= 100) return; // short arguments read best on one line
     try {
-      this.argsNode.data = JSON.stringify(JSON.parse(this.raw), null, 2);
+      // Decodes \u escapes: shown through the stream, with markers, like the rest.
+      this.argsText.set(JSON.stringify(JSON.parse(raw), null, 2));
     } catch {
       /* keep the raw text */
     }
   }
 
   awaitingApproval() {
-    if (!this.done) this.state.textContent = "awaiting approval";
+    if (!this.done) setText(this.state, "awaiting approval");
   }
 
   progress(e) {
     this.bar.hidden = false;
     this.bar.max = Math.max(1, e.total);
     this.bar.value = e.done;
-    this.state.textContent = `${e.label || "working"} ${e.done}/${e.total}`;
+    setText(this.state, e.label ? untrusted(e.label) : "working", ` ${e.done}/${e.total}`);
   }
 
   result(e) {
     this.done = true;
     this.bar.hidden = true;
     this.el.dataset.state = e.status;
-    this.state.textContent = e.status;
+    setText(this.state, untrusted(e.status));
     this.state.dataset.status = e.status;
     const parts = [];
-    if (e.summary) parts.push(h("span", {}, e.summary));
+    if (e.summary) parts.push(untrusted(e.summary));
     if (e.output != null) {
-      parts.push(h("details", { class: "tool-output" }, h("summary", {}, "output"), h("pre", {}, e.output)));
+      const out = h("pre", { dir: "ltr" });
+      new TextStream(out, { escape: true }).set(e.output);
+      parts.push(h("details", { class: "tool-output" }, h("summary", {}, "output"), out));
     }
-    this.resultEl.replaceChildren(...parts);
+    setText(this.resultEl, ...parts);
     this.resultEl.hidden = !parts.length;
   }
 }
@@ -330,9 +340,9 @@ class ApprovalCard {
       h("div", { class: "approval-head" },
         h("span", { class: "approval-icon", "aria-hidden": "true" }, "!"),
         this.title,
-        toolName ? h("span", { class: "tool-name" }, toolName) : null,
+        toolName ? h("span", { class: "tool-name" }, untrusted(toolName)) : null,
         h("span", { class: "spacer" }), this.expires),
-      h("div", { class: "approval-summary" }, e.summary),
+      h("div", { class: "approval-summary" }, untrusted(e.summary)),
       this.actions, this.decision, this.error);
     this.tick();
   }
@@ -342,7 +352,7 @@ class ApprovalCard {
     const left = Math.max(0, Math.round((this.expiresAt - Date.now()) / 1000));
     const mm = Math.floor(left / 60);
     const ss = String(left % 60).padStart(2, "0");
-    this.expires.textContent = this.expiresAt ? `expires in ${mm}:${ss}` : "";
+    setText(this.expires, this.expiresAt ? `expires in ${mm}:${ss}` : "");
   }
 
   async decide(decision) {
@@ -359,14 +369,15 @@ class ApprovalCard {
 
   decided(e) {
     this.pending = false;
-    this.expires.textContent = "";
+    setText(this.expires);
     this.el.dataset.state = e.decision;
-    this.title.textContent = "Approval";
+    setText(this.title, "Approval");
     this.actions.hidden = true;
     clearError(this.error);
-    const who = e.decision === "expired" ? "nobody decided in time" : `by ${e.decided_by || "?"}`;
-    this.decision.replaceChildren(h("strong", {}, DECISION_LABELS[e.decision] ?? e.decision), ` ${who}`,
-      e.comment ? ` — “${e.comment}”` : "");
+    const who = e.decision === "expired" ? " nobody decided in time"
+      : [" by ", e.decided_by ? untrusted(e.decided_by) : "?"];
+    setText(this.decision, h("strong", {}, DECISION_LABELS[e.decision] ?? untrusted(e.decision)), who,
+      e.comment ? [" — “", untrusted(e.comment), "”"] : "");
     this.decision.dataset.decision = e.decision;
     this.decision.dataset.decidedBy = e.decided_by || "";
     this.decision.hidden = false;
@@ -375,10 +386,10 @@ class ApprovalCard {
   runEnded() {
     if (!this.pending) return;
     this.pending = false;
-    this.expires.textContent = "";
+    setText(this.expires);
     this.actions.hidden = true;
     this.el.dataset.state = "closed";
-    this.decision.replaceChildren("The run ended before a decision.");
+    setText(this.decision, "The run ended before a decision.");
     this.decision.hidden = false;
   }
 }
