@@ -18,6 +18,8 @@ from broker.runtime import Broker
 from broker.settings import Settings
 
 from . import auth
+from ._malloc import Trimmer
+from .admission import Admission
 from .hub import Hub
 from .metrics import GatewayMetrics
 
@@ -39,6 +41,11 @@ class Gateway:
         self.connections: set[Connection] = set()  # each registers itself until CLOSED
         metrics.subscriptions.set_function(lambda: self.hub.member_count)
         metrics.send_queue_bytes.set_function(lambda: sum(c.queue.nbytes for c in self.connections))
+        # Fair sharing (see admission.py, replay_slots.py, _malloc.py).
+        self.admission = Admission(settings, metrics.connections_refused)
+        metrics.replays_running.set_function(lambda: self.hub.replay_slots.running)
+        metrics.replays_waiting.set_function(lambda: self.hub.replay_slots.waiting)
+        self.trimmer = Trimmer(settings.malloc_trim_s)
         self._run_sessions: dict[str, str] = {}
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
         self.own_origins = {
@@ -107,6 +114,7 @@ class Gateway:
             await asyncio.gather(*(c.close("server_draining") for c in conns))
 
     async def close(self) -> None:
+        self.trimmer.close()
         await self.hub.close()
 
 
