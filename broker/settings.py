@@ -176,10 +176,11 @@ class Settings:
         10.0, "The retry hint (retry_after_s, Retry-After) sent with too_many_connections (s)."
     )
     max_concurrent_replays: int = _opt(
-        4,
+        2,
         "Most catch-up replay pages a gateway reads from PostgreSQL and queues at once "
-        "(pages); the others wait their turn, round-robin between users. Keep it below "
-        "db_pool_size, so that other reads always find a connection. 0: no bound.",
+        "(pages); the others wait their turn, round-robin between users. Two overlap one "
+        "read with one push; more only help a distant PostgreSQL, and must stay below "
+        "db_pool_size. 0: no bound.",
     )
     malloc_trim_s: float = _opt(
         5.0,
