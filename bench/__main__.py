@@ -20,7 +20,7 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker")
+SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood")
 
 
 def _load(name: str) -> ModuleType:

@@ -167,6 +167,18 @@ class StaleEpoch(Conflict):
     code = "stale_epoch"
 
 
+# -- quota errors: the client asked for more than its share; the same request
+# works later, once it holds less (`retry_after_s` says when to try).
+
+
+class TooManyConnections(RunlogError):
+    """A per-user or per-address connection cap of this gateway is reached."""
+
+    code = "too_many_connections"
+    retryable = True
+    http_status = 429
+
+
 # -- storage errors: a dependency failed; the same request may work later.
 
 

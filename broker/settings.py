@@ -172,6 +172,38 @@ class Settings:
         "the users of its open streams (s): the longest a removed member's stream or a "
         "revoked token's connection outlives a lost control message.",
     )
+    # -- fair sharing between users (see docs/operations.md, "Fair sharing")
+    max_connections_per_user: int = _opt(
+        100,
+        "Most WebSocket + SSE connections one user may hold on one gateway (connections); "
+        "past it, too_many_connections. 0: no cap.",
+    )
+    max_connections_per_ip: int = _opt(
+        500,
+        "Most WebSocket + SSE connections from one client address on one gateway "
+        "(connections); past it, too_many_connections. 0: no cap.",
+    )
+    trusted_proxies: str = _opt(
+        "",
+        "Comma-separated addresses or networks (CIDR) of reverse proxies whose "
+        "X-Forwarded-For names the client address for max_connections_per_ip; empty: the "
+        "peer address is the client's.",
+    )
+    connection_retry_after_s: float = _opt(
+        10.0, "The retry hint (retry_after_s, Retry-After) sent with too_many_connections (s)."
+    )
+    max_concurrent_replays: int = _opt(
+        2,
+        "Most catch-up replay pages a gateway reads from PostgreSQL and queues at once "
+        "(pages); the others wait their turn, round-robin between users. Two overlap one "
+        "read with one push; more only help a distant PostgreSQL, and must stay below "
+        "db_pool_size. 0: no bound.",
+    )
+    malloc_trim_s: float = _opt(
+        5.0,
+        "Return freed heap memory to the OS (glibc malloc_trim) this long after a connection "
+        "closed, at most once per this interval (s); 0: never.",
+    )
     gateway_drain_s: float = _opt(
         10.0, "On SIGTERM, how long a gateway waits for clients to leave before exiting (s)."
     )

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -39,6 +40,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if isinstance(e, errors.InternalError):
             log.error("internal error on %s: %s", request.path, e.detail)
         resp = json_response({"error": e.to_dict()}, e.http_status)
+        retry_after = e.extra.get("retry_after_s")
+        if isinstance(retry_after, int | float):
+            resp.headers["Retry-After"] = str(math.ceil(retry_after))
     except web.HTTPException as e:
         if e.status < 400:
             raise

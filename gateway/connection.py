@@ -36,6 +36,7 @@ from .disconnect import CODES
 from .sendq import Item, Mode, SendQueue
 
 if TYPE_CHECKING:
+    from .admission import Ticket
     from .context import Gateway
     from .hub import Member
 
@@ -70,6 +71,12 @@ class Connection:
         self._teardown: asyncio.Task[None] | None = None
         self._cut: asyncio.TimerHandle | None = None
         self._afters: dict[str, int] = {}  # topic -> cursor it was subscribed from
+        # Its place in the per-user / per-address counts (admission.py), set
+        # by the handler once admitted; released when CLOSED.
+        self.ticket: Ticket | None = None
+        # Fields the `disconnect` message carries besides code and cursors
+        # (e.g. retry_after_s with too_many_connections).
+        self.disconnect_fields: dict[str, object] = {}
         # The writer task starts when something is first queued: an idle
         # connection whose frames all go out directly never needs one.
         self.queue.on_ready = self._ensure_writer
@@ -231,3 +238,6 @@ class Connection:
             self.queue.discard()
             self.gw.connections.discard(self)
             self.metrics.connections.labels(self.kind).dec()
+            if self.ticket is not None:
+                self.ticket.release()
+            self.gw.trimmer.note_close()

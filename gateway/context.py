@@ -18,7 +18,9 @@ from broker.runtime import Broker
 from broker.settings import Settings
 
 from . import auth
+from ._malloc import Trimmer
 from .access import Access
+from .admission import Admission
 from .hub import Hub
 from .metrics import GatewayMetrics
 
@@ -40,6 +42,11 @@ class Gateway:
         self.connections: set[Connection] = set()  # each registers itself until CLOSED
         metrics.subscriptions.set_function(lambda: self.hub.member_count)
         metrics.send_queue_bytes.set_function(lambda: sum(c.queue.nbytes for c in self.connections))
+        # Fair sharing (see admission.py, replay_slots.py, _malloc.py).
+        self.admission = Admission(settings, metrics.connections_refused)
+        metrics.replays_running.set_function(lambda: self.hub.replay_slots.running)
+        metrics.replays_waiting.set_function(lambda: self.hub.replay_slots.waiting)
+        self.trimmer = Trimmer(settings.malloc_trim_s)
         self._run_sessions: dict[str, str] = {}
         self.access = Access(self)
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
@@ -120,6 +127,7 @@ class Gateway:
 
     async def close(self) -> None:
         await self.access.close()
+        self.trimmer.close()
         await self.hub.close()
 
 

@@ -36,6 +36,11 @@ CODES: dict[str, Disconnect] = {
         "lowered (subscribe again if your role still lets you read)",
     ),
     "rate_limited": Disconnect(4429, "resume", "far too many messages; back off, then resume"),
+    # Same close code as rate_limited (both are HTTP 429's meaning); the code
+    # tells them apart, and the message carries retry_after_s.
+    "too_many_connections": Disconnect(
+        4429, "resume", "too many connections for this user or address; retry after retry_after_s"
+    ),
     "protocol_error": Disconnect(4400, "stop", "binary frames or repeated malformed messages"),
     "internal": Disconnect(4500, "resume", "unexpected server error; back off, then resume"),
 }

@@ -13,6 +13,15 @@ Contract:
   sent, refilling from PostgreSQL if there is a hole) and goes live. So every
   client gets every event after its cursor exactly once, in order.
 - A topic nobody follows is closed after `hub_linger_s`.
+- Replays take turns (`replay_slots.py`): each page is read and queued in a
+  turn, at most `max_concurrent_replays` at once per gateway, round-robin
+  between users. A turn holds one chunk (at most the lag mark of bytes):
+  what else the read returned is dropped, and the next turn reads from
+  there, fewer at a time; between turns the member waits for its client's
+  queue, holding no turn and no page. So a slow or flooding client delays
+  only its own replays, and a waiting replay holds no more than its buffer
+  of live batches (at most `live_buffer_max` events, shared with the other
+  members: the batches are the topic's). Live delivery never takes a turn.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from broker.subscribe import Subscription
 from .connection import Connection
 from .frames import EncodedBatch, contiguous
 from .metrics import GatewayMetrics
+from .replay_slots import ReplaySlots
 from .sendq import Mode
 
 log = logging.getLogger(__name__)
@@ -49,6 +59,7 @@ class Member:
         self.ended = False
         self.closed = False
         self._pending: list[EncodedBatch] = []
+        self._pending_events = 0
         self._pending_overflow = False
         self._catchup: asyncio.Task[None] | None = None
 
@@ -66,8 +77,10 @@ class Member:
         if self.closed or self.ended:
             return 0
         if not self.live:
-            if len(self._pending) < _PENDING_MAX:
+            n = self._pending_events + len(batch.items)
+            if len(self._pending) < _PENDING_MAX and n <= self.topic.hub.pending_events_max:
                 self._pending.append(batch)
+                self._pending_events = n
             elif not self._pending_overflow:
                 self._pending_overflow = True
                 self.topic.hub.metrics.pending_overflows.inc()
@@ -79,6 +92,7 @@ class Member:
             # member re-reads from PostgreSQL rather than skip anything.
             self.live = False
             self._pending = [batch]
+            self._pending_events = len(batch.items)
             self.start()
             return 0
         return self._push(batch)
@@ -102,31 +116,44 @@ class Member:
     async def _catch_up(self) -> None:
         hub = self.topic.hub
         page_max = hub.broker.settings.page_max_events
+        slots = hub.replay_slots
         q = self.conn.queue
+        limit = page_max
         try:
             while not self.closed:
-                page = await self.topic.page(self.position, page_max)
-                if page:
-                    hub.metrics.replayed.inc(len(page))
-                    # Paced by the client, in chunks of at most the lag mark:
-                    # a page of large events never lands in memory at once.
-                    for chunk in _chunks(page, q.lag_bytes):
-                        await q.wait_below(q.lag_bytes)
-                        if self.closed:
-                            return
+                # Paced by the client, holding no turn: a slow reader waits alone.
+                await q.wait_below(q.lag_bytes)
+                if self.closed:
+                    return
+                await slots.acquire(self.conn.user)
+                try:
+                    page = await self.topic.page(self.position, limit)
+                    # One chunk per turn (at most the lag mark of payload): a
+                    # page of large events never lands in a queue at once.
+                    chunk = _first_chunk(page, q.lag_bytes)
+                    if chunk:
+                        hub.metrics.replayed.inc(len(chunk))
                         for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
                             hub.metrics.events_fanned_out.inc(self._push(batch))
-                    if self.ended:
-                        return
-                if len(page) == page_max:
+                finally:
+                    slots.release()
+                if self.ended:
+                    return
+                if len(chunk) < len(page):
+                    limit = len(chunk)  # the rest was dropped: read it next turn, as many
+                    continue
+                if len(page) == limit:
+                    limit = min(page_max, 2 * limit)
                     continue
                 # At the head as of that read: switch to live if the buffer
                 # continues exactly where we are (no await from here on).
                 if self._pending_overflow:
                     self._pending_overflow = False
                     self._pending = []
+                    self._pending_events = 0
                     continue
                 pending, self._pending = self._pending, []
+                self._pending_events = 0
                 hole = False
                 for b in pending:
                     if b.last <= self.position:
@@ -258,6 +285,8 @@ class Hub:
         self._topics: dict[str, Topic] = {}
         self._starting: dict[str, asyncio.Future[Topic]] = {}
         self.member_count = 0  # members joined and not yet left, over all topics
+        self.replay_slots = ReplaySlots(broker.settings.max_concurrent_replays)
+        self.pending_events_max = broker.settings.live_buffer_max
 
     async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
         """Follow a run or session for `conn` from cursor `after`."""
@@ -326,14 +355,11 @@ class Hub:
         self._topics.clear()
 
 
-def _chunks(page: list[StoredEvent], max_bytes: int) -> list[list[StoredEvent]]:
-    """`page` cut into runs of at most `max_bytes` of payload (at least one event)."""
-    out: list[list[StoredEvent]] = []
-    start = size = 0
+def _first_chunk(page: list[StoredEvent], max_bytes: int) -> list[StoredEvent]:
+    """The start of `page` with at most `max_bytes` of payload (at least one event)."""
+    size = 0
     for i, e in enumerate(page):
-        if i > start and size + len(e.payload) > max_bytes:
-            out.append(page[start:i])
-            start, size = i, 0
         size += len(e.payload)
-    out.append(page[start:])
-    return out
+        if i and size > max_bytes:
+            return page[:i]
+    return page

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 CONN_KINDS = ("ws", "sse")
 ACCESS_CODES = ("forbidden", "token_revoked")
 ACCESS_VIAS = ("message", "recheck", "subscribe")
+REFUSAL_REASONS = ("user", "ip")
 _LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
@@ -99,12 +100,32 @@ class GatewayMetrics:
             ["code", "via"],
             registry=registry,
         )
+        self.connections_refused = Counter(
+            "runlog_gateway_connections_refused_total",
+            "WebSocket and SSE connections refused with too_many_connections, by the cap "
+            "reached: user (max_connections_per_user) or ip (max_connections_per_ip).",
+            ["reason"],
+            registry=registry,
+        )
+        # Read when scraped (set_function, from the gateway's ReplaySlots).
+        self.replays_running = Gauge(
+            "runlog_gateway_replays_running",
+            "Catch-up replay pages being read and queued now (at most max_concurrent_replays).",
+            registry=registry,
+        )
+        self.replays_waiting = Gauge(
+            "runlog_gateway_replays_waiting",
+            "Catch-up replays waiting for their turn (round-robin between users).",
+            registry=registry,
+        )
         for k in CONN_KINDS:
             self.connections.labels(k)
             self.slow_disconnects.labels(k)
         for code in ACCESS_CODES:
             for via in ACCESS_VIAS:
                 self.access_ended.labels(code, via)
+        for reason in REFUSAL_REASONS:
+            self.connections_refused.labels(reason)
 
 
 class _FramesCollector(Collector):

@@ -185,6 +185,8 @@ async def start_run(request: web.Request) -> web.StreamResponse:
             f"input is over {gw.settings.max_event_bytes - 4096} bytes of UTF-8"
         )
     await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "start runs")
+    if wants_sse(request):  # refused before the run starts, not after
+        gw.admission.check(gw.admission.client_ip(request), p.user)
     run_id = await gw.broker.start_run(sid, p.user, input=body.input, model=body.model)
     if wants_sse(request):
         return await sse.stream(request, gw, p.user, "run", run_id, 0, issued_at=p.issued_at)

@@ -21,6 +21,7 @@ from aiohttp import web
 from broker import errors
 
 from . import _aio
+from .admission import Ticket
 from .connection import Connection, State
 from .context import Gateway
 from .disconnect import CODES
@@ -117,6 +118,18 @@ async def stream(
     revocation of the user ends it)."""
     if gw.draining:
         raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
+    # Past a cap: 429 with the JSON error (and Retry-After), before anything is read.
+    ticket = gw.admission.admit(gw.admission.client_ip(request), user)
+    try:
+        return await _stream(request, gw, user, kind, ident, after, ticket, issued_at)
+    finally:
+        ticket.release()  # a no-op once the stream's connection released it when CLOSED
+
+
+async def _stream(
+    request: web.Request, gw: Gateway, user: str, kind: str, ident: str, after: int,
+    ticket: Ticket, issued_at: float,
+) -> web.StreamResponse:  # fmt: skip
     head, ended = await gw.broker.store.stream_head(
         kind == "run", ident, retry_s=gw.settings.db_retry_s
     )
@@ -133,6 +146,7 @@ async def stream(
     await resp.write(b"retry: 1000\n: connected\n\n")
     client = SseClient(gw, request, resp, user)
     client.issued_at = issued_at
+    client.ticket = ticket
     key = f"{kind}:{ident}"
     try:
         try:

@@ -119,7 +119,7 @@ class WsClient(Connection):
             # to the transport, so a socket that is full cannot hold it back.
             t.write(ws_wire(message(
                 "disconnect", code=code, reconnect=d.reconnect, message=d.meaning,
-                cursors=cursors,
+                cursors=cursors, **self.disconnect_fields,
             )))  # fmt: skip
         # Sends the close frame and waits (at most the WebSocket's timeout)
         # for the client's; a client that never reads is cut by the timer.
@@ -168,6 +168,8 @@ class WsClient(Connection):
         p = self.gw.verify(token)
         if self.principal is not None and p.user != self.principal.user:
             raise errors.Forbidden("a connection cannot change user")
+        if self.ticket is not None:
+            self.gw.admission.add_user(self.ticket, p.user)  # TooManyConnections past the cap
         self.principal = p
         self.user = p.user
         self.issued_at = p.issued_at
@@ -189,6 +191,12 @@ class WsClient(Connection):
         cursor = member.position
         self.detach(key)
         self.reply("unsubscribed", topic=key, code=code, message=message, cursor=cursor)
+
+    def refuse(self, e: errors.TooManyConnections) -> asyncio.Future[None]:
+        """Past a connection cap: say so (a browser cannot read an HTTP 429
+        of an upgrade) and close with 4429."""
+        self.disconnect_fields["retry_after_s"] = e.extra["retry_after_s"]
+        return self.close("too_many_connections")
 
     async def subscribe(self, msg: protocol.Subscribe) -> None:
         kind, ident = protocol.topic_of(msg)
@@ -227,6 +235,7 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
         if p.startswith(protocol.BEARER_SUBPROTOCOL_PREFIX):
             token = p[len(protocol.BEARER_SUBPROTOCOL_PREFIX) :]
     principal = gw.verify(token) if token else None  # bad token: 401 before upgrade
+    ip = gw.admission.client_ip(request)
 
     ws = web.WebSocketResponse(
         protocols=(protocol.SUBPROTOCOL,),
@@ -238,8 +247,14 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     client = WsClient(gw, ws, request)
     try:
-        if principal is not None and token is not None:
-            client.authenticate(token)
+        try:
+            # The address's cap now; the user's now if known, else at `auth`.
+            client.ticket = gw.admission.admit(ip, principal.user if principal else None)
+            if principal is not None and token is not None:
+                client.authenticate(token)
+        except errors.TooManyConnections as e:
+            await client.refuse(e)
+            return ws
         client.reply(
             "hello", protocol=protocol.PROTOCOL_VERSION, heartbeat_s=s.ws_heartbeat_s,
             max_message_bytes=s.max_message_bytes, user=client.user or None,
@@ -275,6 +290,9 @@ async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -
             try:
                 await client.handle(msg.data)
                 strikes = 0
+            except errors.TooManyConnections as e:
+                await client.refuse(e)  # its `auth` named a user already at the cap
+                return
             except errors.ClientError as e:
                 client.error(e, protocol.peek(msg.data)[1])
                 strikes += 1

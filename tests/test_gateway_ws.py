@@ -79,13 +79,15 @@ async def test_switching_gateways_mid_run_no_gap_no_duplicate(
 async def test_two_hundred_subscribers_get_identical_sequences(
     gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
 ) -> None:
-    sid = await session_with(http, gw, "alice")
+    # Four users: 200 connections of one are past max_connections_per_user.
+    users = ["alice", "bob", "carol", "dave"]
+    sid = await session_with(http, gw, "alice", bob="viewer", carol="viewer", dave="viewer")
     run_id, w = await write_run(broker, sid, 50, end=False)
     topic = f"run:{run_id}"
     async with aiohttp.ClientSession() as h2:
         clients = []
         for i in range(200):
-            ctx = ws_connect(h2 if i % 2 else http, gw, "alice")
+            ctx = ws_connect(h2 if i % 2 else http, gw, users[i % 4])
             c = await ctx.__aenter__()
             clients.append((ctx, c))
             await c.send(type="subscribe", run_id=run_id, after=i % 40, batch=bool(i % 3 == 0))

@@ -58,6 +58,9 @@ PROCESS_ENV = {
     "RUNLOG_WORKER_CONCURRENCY": "15",
     "RUNLOG_DRAIN_TIMEOUT_S": "3",
     "RUNLOG_GATEWAY_DRAIN_S": "5",
+    # All 200 followers are one user, and a drained gateway's move to the
+    # others: past the default per-user cap, which this test is not about.
+    "RUNLOG_MAX_CONNECTIONS_PER_USER": "0",
 }
 _MERGEABLE = {"text_delta": "delta", "reasoning_delta": "delta", "tool_args_delta": "partial_json"}
 

@@ -1,0 +1,79 @@
+"""Turns for catch-up replays: a per-gateway bound on how many run at once,
+shared fairly between users.
+
+A catch-up replay reads pages from PostgreSQL (the gateway's small pool) and
+encodes them on the event loop; a thousand at once starve every other
+request of both. So each page of a replay is read and handed to its
+connection's queue inside a turn (`acquire` ... `release`), and at most
+`limit` turns run at once.
+
+Contract:
+- Below the limit, `acquire` takes a slot at once (no suspension).
+- Waiters are served round-robin by user, in order of arrival: a user with k
+  waiting replays gets one turn, then every other waiting user gets one,
+  before its next. So one user's backlog delays another user's replay by at
+  most one turn per user ahead of it, however long that backlog is. Within
+  one user, first come first served.
+- A waiter cancelled before its turn leaves no trace; one cancelled after its
+  turn was granted but before it ran passes the slot on. Every successful
+  `acquire` is paired with exactly one `release`.
+- `limit` 0: no bound (every turn is granted at once).
+- Live delivery never takes a turn: only replays wait here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class ReplaySlots:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0  # turns granted and not yet released
+        self.waiting = 0  # waiters not yet granted nor cancelled
+        self._queues: dict[str, deque[asyncio.Future[None]]] = {}
+        self._ring: deque[str] = deque()  # users with a queue, the next one first
+
+    async def acquire(self, user: str) -> None:
+        # Invariant (after every grant): running < limit only when no one waits.
+        if self.limit <= 0 or self.running < self.limit:
+            self.running += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        q = self._queues.get(user)
+        if q is None:
+            q = self._queues[user] = deque()
+            self._ring.append(user)
+        q.append(fut)
+        self.waiting += 1
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                # Left in its queue and skipped when its turn comes (no O(n) removal).
+                self.waiting -= 1
+            else:
+                self.release()  # granted, but the waiter is gone
+            raise
+
+    def release(self) -> None:
+        self.running -= 1
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._ring and (self.limit <= 0 or self.running < self.limit):
+            user = self._ring.popleft()
+            q = self._queues[user]
+            fut = q.popleft()
+            while fut.done() and q:  # cancelled while waiting
+                fut = q.popleft()
+            if q:
+                self._ring.append(user)  # its next replay waits for one round
+            else:
+                del self._queues[user]
+            if fut.done():
+                continue
+            self.waiting -= 1
+            self.running += 1
+            fut.set_result(None)
