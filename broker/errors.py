@@ -116,6 +116,12 @@ class TokenExpired(Unauthorized):
     code = "token_expired"
 
 
+class TokenTtlTooLong(ClientError):
+    """A token asked for with a lifetime over jwt_max_ttl_s (gateways would refuse it)."""
+
+    code = "token_ttl_too_long"
+
+
 class Forbidden(ClientError):
     """Authenticated, but the role does not allow this."""
 

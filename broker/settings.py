@@ -117,7 +117,19 @@ class Settings:
         "HMAC secret for bearer tokens (HS256). Set it in production: the default is public.",
     )
     jwt_issuer: str = _opt("runlog", "Issuer (`iss`) tokens must carry.")
-    token_ttl_s: float = _opt(3600.0, "Lifetime of tokens minted by `runlog token` (s).")
+    token_ttl_s: float = _opt(
+        3600.0, "Lifetime of tokens minted by `runlog token` (s); at most jwt_max_ttl_s."
+    )
+    jwt_max_ttl_s: float = _opt(
+        86400.0,
+        "Longest lifetime (`exp - iat`) a token may have (s): gateways refuse longer ones "
+        "and `runlog token` mints none.",
+    )
+    jwt_leeway_s: float = _opt(
+        30.0,
+        "Clock skew allowed between a token's issuer and the gateway when `exp` and `iat` "
+        "are checked (s).",
+    )
     allowed_origins: str = _opt(
         "",
         "Comma-separated Origins allowed to open WebSockets, besides the gateway's own; "

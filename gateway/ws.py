@@ -172,7 +172,9 @@ class WsClient(Connection):
         self.user = p.user
         if self._expiry is not None:
             self._expiry.cancel()
-        delay = max(0.0, p.expires_at - time.time())
+        # The leeway verify() allowed: else a token accepted within it would
+        # end the connection at once, and the client would loop reconnecting.
+        delay = max(0.0, p.expires_at + self.gw.settings.jwt_leeway_s - time.time())
         loop = asyncio.get_running_loop()
         self._expiry = loop.call_later(delay, self._expire)
 
