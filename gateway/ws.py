@@ -17,7 +17,7 @@ from aiohttp import WSMsgType, web
 from broker import errors
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import _aio, auth, protocol
+from . import _aio, auth, credentials, protocol
 from .connection import Connection, State
 from .context import GATEWAY, Gateway
 from .disconnect import CODES
@@ -212,7 +212,7 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
 
     # Credentials before the upgrade: header, subprotocol or query; else the
     # first message must be `auth`.
-    token = auth.bearer(request.headers.get("Authorization")) or request.query.get("access_token")
+    token = credentials.token_of(request)
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     for p in offered:
         if p.startswith(protocol.BEARER_SUBPROTOCOL_PREFIX):
