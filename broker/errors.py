@@ -99,6 +99,12 @@ class ApprovalExpired(ClientError):
     http_status = 410
 
 
+class ModelNotAllowed(ClientError):
+    """A run asked for a model outside the allow-list (broker/models.py)."""
+
+    code = "model_not_allowed"
+
+
 class RunBusy(Conflict):
     """The session already has a running run and its policy is 'reject'."""
 

@@ -221,6 +221,11 @@ class Settings:
         24, "Most model turns in one run (turns); past it the run fails with step_limit."
     )
     model_adapter: str = _opt("scripted", "Model adapter: scripted, openai or anthropic.")
+    models: str = _opt(
+        "",
+        "Models a run may name besides the adapter's default, comma-separated; empty: only "
+        "the default. Give gateways and workers the same list (and model_adapter).",
+    )
     model_max_tokens: int = _opt(4096, "max_tokens asked of the model per turn (tokens).")
     system_prompt: str = _opt("", "System prompt sent first in every run; empty: none.")
     scripted_tokens_per_s: float = _opt(
