@@ -178,6 +178,14 @@ class PortInUse(ClientError):
         super().__init__(f"port {port} is in use ({what}); stop what uses it or set {env} / {flag}")
 
 
+class InsecureSecret(ClientError):
+    """The deployment would accept tokens anyone can mint (the public default
+    jwt_secret, or an empty one, on a non-loopback address): told in one line
+    with the setting to set (`runlog` exits 2)."""
+
+    code = "insecure_secret"
+
+
 class MigrationError(RunlogError):
     code = "migration_failed"
 

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "RUNLOG_"
+# jwt_secret's default, public by definition: gateways refuse it unless they
+# listen on loopback only, and `runlog up` replaces it (runlog/secret.py).
+DEV_JWT_SECRET = "runlog-development-secret-change-me-in-production"
 
 
 def _opt(default: Any, doc: str) -> Any:
@@ -113,8 +116,10 @@ class Settings:
         "empty: http://<gateway_host>:<gateway_port>.",
     )
     jwt_secret: str = _opt(
-        "runlog-development-secret-change-me-in-production",
-        "HMAC secret for bearer tokens (HS256). Set it in production: the default is public.",
+        DEV_JWT_SECRET,
+        "HMAC secret for bearer tokens (HS256). The default is public: a gateway refuses it "
+        "(and an empty one) unless gateway_host is loopback; `runlog up` generates one per "
+        "data folder (<data_dir>/jwt_secret) unless this is set.",
     )
     jwt_issuer: str = _opt("runlog", "Issuer (`iss`) tokens must carry.")
     token_ttl_s: float = _opt(

@@ -15,13 +15,14 @@ Any authenticated user may create a session (and becomes its owner).
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass
 
 import jwt
 
 from broker import errors
-from broker.settings import Settings
+from broker.settings import DEV_JWT_SECRET, Settings
 from broker.store import Store
 
 READ = frozenset({"owner", "approver", "viewer"})
@@ -100,6 +101,33 @@ def _is_number(v: object) -> bool:
 
 def _secs(x: float) -> str:
     return str(int(x)) if x == int(x) else str(x)
+
+
+def secret_is_public(settings: Settings) -> bool:
+    return settings.jwt_secret in ("", DEV_JWT_SECRET)
+
+
+def check_secret(settings: Settings) -> None:
+    """InsecureSecret if this gateway would take tokens anyone can mint from
+    anywhere but this machine. On loopback only, the default is the
+    development convenience it is documented as."""
+    if not secret_is_public(settings) or _loopback_only(settings.gateway_host):
+        return
+    what = "empty" if not settings.jwt_secret else "the public development default"
+    raise errors.InsecureSecret(
+        f"jwt_secret is {what} and gateway_host {settings.gateway_host} is not loopback-only, "
+        "so anyone could mint tokens: set RUNLOG_JWT_SECRET (or --jwt-secret) to a long random "
+        "string, e.g. `openssl rand -hex 32`, or listen on 127.0.0.1"
+    )
+
+
+def _loopback_only(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name (it may resolve anywhere) or all interfaces ("")
+        return False
 
 
 def bearer(header: str | None) -> str | None:
