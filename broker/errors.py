@@ -126,6 +126,12 @@ class ApprovalExpired(ClientError):
     http_status = 410
 
 
+class ModelNotAllowed(ClientError):
+    """A run asked for a model outside the allow-list (broker/models.py)."""
+
+    code = "model_not_allowed"
+
+
 class RunBusy(Conflict):
     """The session already has a running run and its policy is 'reject'."""
 
@@ -147,6 +153,12 @@ class TokenRevoked(Unauthorized):
     """The token was issued before its user's tokens were revoked (`runlog revoke`)."""
 
     code = "token_revoked"
+
+
+class TokenTtlTooLong(ClientError):
+    """A token asked for with a lifetime over jwt_max_ttl_s (gateways would refuse it)."""
+
+    code = "token_ttl_too_long"
 
 
 class Forbidden(ClientError):
@@ -220,6 +232,14 @@ class InvalidSetting(ClientError):
     def __init__(self, setting: str, value: str, why: str) -> None:
         env, flag = "RUNLOG_" + setting.upper(), "--" + setting.replace("_", "-")
         super().__init__(f"{env} / {flag}: {value!r} {why}")
+
+
+class InsecureSecret(ClientError):
+    """The deployment would accept tokens anyone can mint (the public default
+    jwt_secret, or an empty one, on a non-loopback address): told in one line
+    with the setting to set (`runlog` exits 2)."""
+
+    code = "insecure_secret"
 
 
 class MigrationError(RunlogError):

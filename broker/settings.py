@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "RUNLOG_"
+# jwt_secret's default, public by definition: gateways refuse it unless they
+# listen on loopback only, and `runlog up` replaces it (runlog/secret.py).
+DEV_JWT_SECRET = "runlog-development-secret-change-me-in-production"
 
 
 def _opt(default: Any, doc: str) -> Any:
@@ -124,11 +127,25 @@ class Settings:
         "GET /v1/config; the page's CSP connect-src). Empty: public_url alone.",
     )
     jwt_secret: str = _opt(
-        "runlog-development-secret-change-me-in-production",
-        "HMAC secret for bearer tokens (HS256). Set it in production: the default is public.",
+        DEV_JWT_SECRET,
+        "HMAC secret for bearer tokens (HS256). The default is public: a gateway refuses it "
+        "(and an empty one) unless gateway_host is loopback; `runlog up` generates one per "
+        "data folder (<data_dir>/jwt_secret) unless this is set.",
     )
     jwt_issuer: str = _opt("runlog", "Issuer (`iss`) tokens must carry.")
-    token_ttl_s: float = _opt(3600.0, "Lifetime of tokens minted by `runlog token` (s).")
+    token_ttl_s: float = _opt(
+        3600.0, "Lifetime of tokens minted by `runlog token` (s); at most jwt_max_ttl_s."
+    )
+    jwt_max_ttl_s: float = _opt(
+        86400.0,
+        "Longest lifetime (`exp - iat`) a token may have (s): gateways refuse longer ones "
+        "and `runlog token` mints none.",
+    )
+    jwt_leeway_s: float = _opt(
+        30.0,
+        "Clock skew allowed between a token's issuer and the gateway when `exp` and `iat` "
+        "are checked (s).",
+    )
     allowed_origins: str = _opt(
         "",
         "Comma-separated Origins allowed to open WebSockets, besides the gateway's own; "
@@ -258,6 +275,11 @@ class Settings:
         24, "Most model turns in one run (turns); past it the run fails with step_limit."
     )
     model_adapter: str = _opt("scripted", "Model adapter: scripted, openai or anthropic.")
+    models: str = _opt(
+        "",
+        "Models a run may name besides the adapter's default, comma-separated; empty: only "
+        "the default. Give gateways and workers the same list (and model_adapter).",
+    )
     model_max_tokens: int = _opt(4096, "max_tokens asked of the model per turn (tokens).")
     system_prompt: str = _opt("", "System prompt sent first in every run; empty: none.")
     scripted_tokens_per_s: float = _opt(

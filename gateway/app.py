@@ -19,7 +19,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import _aio, auth, console, openapi, rest, ws
+from . import _aio, auth, console, credentials, openapi, rest, ws
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -154,7 +154,8 @@ def build_app(
     """The gateway app. Without `broker`, it connects one at startup."""
     registry = registry if registry is not None else CollectorRegistry()
     app = web.Application(
-        middlewares=[cors_preflight, error_middleware], client_max_size=settings.max_message_bytes
+        middlewares=[cors_preflight, error_middleware, credentials.refuse_misplaced_query_token],
+        client_max_size=settings.max_message_bytes,
     )
     app[REGISTRY] = registry
     app[console.CONSOLE] = console.ConsoleConfig.from_settings(settings)

@@ -15,13 +15,14 @@ Any authenticated user may create a session (and becomes its owner).
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass
 
 import jwt
 
 from broker import errors
-from broker.settings import Settings
+from broker.settings import DEV_JWT_SECRET, Settings
 from broker.store import Store
 
 READ = frozenset({"owner", "approver", "viewer"})
@@ -39,31 +40,94 @@ class Principal:
 
 
 def mint(settings: Settings, user: str, ttl_s: float | None = None) -> str:
-    now = int(time.time())
+    """A token for `user`, living `ttl_s` (default token_ttl_s); TokenTtlTooLong
+    over jwt_max_ttl_s, since no gateway would accept it."""
     ttl = settings.token_ttl_s if ttl_s is None else ttl_s
+    if ttl > settings.jwt_max_ttl_s:
+        raise errors.TokenTtlTooLong(
+            f"a token may live at most {_secs(settings.jwt_max_ttl_s)} s (jwt_max_ttl_s); "
+            f"asked for {_secs(ttl)} s"
+        )
+    now = int(time.time())
     claims = {"sub": user, "iat": now, "exp": now + int(ttl), "iss": settings.jwt_issuer}
     return jwt.encode(claims, settings.jwt_secret, algorithm="HS256")
 
 
 def verify(settings: Settings, token: str) -> Principal:
+    """The token's principal, or 401: signed with jwt_secret (HS256), issued by
+    jwt_issuer, with `sub`, `iat` and `exp`; `exp` not past and `iat` not in
+    the future (each give or take jwt_leeway_s, for clock skew); a lifetime
+    `exp - iat` of at most jwt_max_ttl_s, so a leaked token is worth a bounded
+    time whatever its issuer asked for."""
     try:
         claims = jwt.decode(
             token,
             settings.jwt_secret,
             algorithms=_ALGORITHMS,
             issuer=settings.jwt_issuer,
-            options={"require": ["sub", "exp", "iss"]},
+            leeway=settings.jwt_leeway_s,
+            options={"require": ["sub", "exp", "iss", "iat"]},
         )
     except jwt.ExpiredSignatureError as e:
         raise errors.TokenExpired("the token has expired", hint="get a new token") from e
+    except jwt.MissingRequiredClaimError as e:
+        raise errors.Unauthorized(f"invalid token: no {e.claim!r} claim") from e
+    except jwt.ImmatureSignatureError as e:
+        raise errors.Unauthorized(
+            "invalid token: issued in the future (iat or nbf later than now + jwt_leeway_s)",
+            hint="check the issuer's clock",
+        ) from e
     except jwt.PyJWTError as e:
         raise errors.Unauthorized(f"invalid token: {type(e).__name__}") from e
-    sub = claims.get("sub")
+    sub, iat, exp = claims.get("sub"), claims["iat"], claims["exp"]
     if not isinstance(sub, str) or not sub or len(sub) > 200:
         raise errors.Unauthorized("invalid token: bad subject")
-    iat = claims.get("iat")
-    issued_at = float(iat) if isinstance(iat, int | float) else 0.0
-    return Principal(user=sub, expires_at=float(claims["exp"]), issued_at=issued_at)
+    # PyJWT takes numeric strings too; we do not.
+    if not _is_number(iat) or not _is_number(exp):
+        raise errors.Unauthorized("invalid token: iat and exp must be numbers")
+    lifetime = float(exp) - float(iat)
+    if lifetime > settings.jwt_max_ttl_s:
+        raise errors.Unauthorized(
+            f"invalid token: its lifetime (exp - iat = {_secs(lifetime)} s) is over the cap "
+            f"of {_secs(settings.jwt_max_ttl_s)} s (jwt_max_ttl_s)",
+            hint="get a shorter-lived token",
+        )
+    return Principal(user=sub, expires_at=float(exp), issued_at=float(iat))
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _secs(x: float) -> str:
+    return str(int(x)) if x == int(x) else str(x)
+
+
+def secret_is_public(settings: Settings) -> bool:
+    return settings.jwt_secret in ("", DEV_JWT_SECRET)
+
+
+def check_secret(settings: Settings) -> None:
+    """InsecureSecret if this gateway would take tokens anyone can mint from
+    anywhere but this machine. On loopback only, the default is the
+    development convenience it is documented as."""
+    if not secret_is_public(settings) or _loopback_only(settings.gateway_host):
+        return
+    what = "empty" if not settings.jwt_secret else "the public development default"
+    raise errors.InsecureSecret(
+        f"jwt_secret is {what} and gateway_host {settings.gateway_host} is not loopback-only, "
+        "so anyone could mint tokens: set RUNLOG_JWT_SECRET (or --jwt-secret) to a long random "
+        "string, e.g. `openssl rand -hex 32`, or listen on 127.0.0.1"
+    )
+
+
+def _loopback_only(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name (it may resolve anywhere) or all interfaces ("")
+        return False
 
 
 def bearer(header: str | None) -> str | None:

@@ -17,7 +17,7 @@ from broker import errors
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import auth
+from . import auth, credentials
 from ._malloc import Trimmer
 from .access import Access
 from .admission import Admission
@@ -68,10 +68,7 @@ class Gateway:
         return p
 
     def principal(self, request: web.Request) -> auth.Principal:
-        token = auth.bearer(request.headers.get("Authorization"))
-        if token is None:
-            # EventSource cannot set headers: a query parameter is accepted too.
-            token = request.query.get("access_token")
+        token = credentials.token_of(request)
         if not token:
             raise errors.Unauthorized(
                 "missing bearer token", hint="send 'Authorization: Bearer <token>'"

@@ -1,6 +1,8 @@
 """`runlog gateway`: serve the app until SIGTERM/SIGINT, then drain.
 
-A port already in use is `port_in_use` (one line, exit 2), not a traceback.
+A port already in use is `port_in_use` (one line, exit 2), not a traceback;
+so is the public default jwt_secret (or an empty one) on an address other
+than loopback (`insecure_secret`).
 
 Drain: stop accepting connections, tell every client to resume elsewhere
 (code `server_draining` with its cursors), wait for them to go (at most
@@ -19,6 +21,7 @@ from aiohttp import web
 from broker import errors
 from broker.settings import Settings
 
+from . import auth
 from ._aio import AppRunner
 from .app import build_app
 from .context import GATEWAY
@@ -27,6 +30,7 @@ log = logging.getLogger("runlog.gateway")
 
 
 async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = False) -> None:
+    auth.check_secret(settings)
     app = build_app(settings)
     runner = AppRunner(
         app, handle_signals=False, shutdown_timeout=settings.gateway_drain_s, access_log=None

@@ -65,7 +65,12 @@ _CURSOR_PARAMS = [
     {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}},
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
-    {"name": "access_token", "in": "query", "schema": {"type": "string"}},
+    {
+        "name": "access_token",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "the bearer token, for EventSource: only with Accept: text/event-stream",
+    },
 ]
 
 
@@ -94,6 +99,10 @@ def document() -> dict[str, Any]:
     session_events = _op("A session's events (all runs, session cursor): page or SSE",
                          sse=True, params=("session_id",))  # fmt: skip
     session_events["parameters"] += _CURSOR_PARAMS
+    ws_op = _op("WebSocket (see docs/protocol.md)", ok=101)
+    ws_op["parameters"].append(
+        {"name": "access_token", "in": "query", "schema": {"type": "string"}}
+    )
     return {
         "openapi": "3.1.0",
         "info": {"title": "runlog gateway", "version": "1"},
@@ -131,6 +140,6 @@ def document() -> dict[str, Any]:
             "/v1/runs/{run_id}/approvals/{approval_id}": {
                 "post": _op("Decide an approval (first decision wins; 200 on a repeat)",
                             body="DecideBody", ok=201, params=("run_id", "approval_id"))},
-            "/v1/ws": {"get": _op("WebSocket (see docs/protocol.md)", ok=101)},
+            "/v1/ws": {"get": ws_op},
         },
     }  # fmt: skip

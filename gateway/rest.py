@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from aiohttp import web
 
-from broker import errors
+from broker import errors, models
 from broker.store import StoredEvent
 
 from . import auth, sse
@@ -185,6 +185,7 @@ async def start_run(request: web.Request) -> web.StreamResponse:
             f"input is over {gw.settings.max_event_bytes - 4096} bytes of UTF-8"
         )
     await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "start runs")
+    models.check(gw.settings, body.model)
     if wants_sse(request):  # refused before the run starts, not after
         gw.admission.check(gw.admission.client_ip(request), p.user)
     run_id = await gw.broker.start_run(sid, p.user, input=body.input, model=body.model)

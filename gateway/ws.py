@@ -17,7 +17,7 @@ from aiohttp import WSMsgType, web
 from broker import errors
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import _aio, auth, protocol
+from . import _aio, auth, credentials, protocol
 from .connection import Connection, State
 from .context import GATEWAY, Gateway
 from .disconnect import CODES
@@ -175,7 +175,9 @@ class WsClient(Connection):
         self.issued_at = p.issued_at
         if self._expiry is not None:
             self._expiry.cancel()
-        delay = max(0.0, p.expires_at - time.time())
+        # The leeway verify() allowed: else a token accepted within it would
+        # end the connection at once, and the client would loop reconnecting.
+        delay = max(0.0, p.expires_at + self.gw.settings.jwt_leeway_s - time.time())
         loop = asyncio.get_running_loop()
         self._expiry = loop.call_later(delay, self._expire)
 
@@ -229,7 +231,7 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
 
     # Credentials before the upgrade: header, subprotocol or query; else the
     # first message must be `auth`.
-    token = auth.bearer(request.headers.get("Authorization")) or request.query.get("access_token")
+    token = credentials.token_of(request)
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     for p in offered:
         if p.startswith(protocol.BEARER_SUBPROTOCOL_PREFIX):

@@ -6,7 +6,8 @@ runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
 runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
 runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
 runlog worker     a worker: takes run jobs, executes runs (--concurrency N)
-runlog token      mint a development bearer token for --user
+runlog token      mint a bearer token for --user, signed with jwt_secret or
+                  else the secret of --data-dir's `runlog up`
 runlog revoke     revoke every token of --user issued so far (ends its connections)
 runlog prune      delete runs that ended more than --older-than-days ago
 runlog settings   print every setting with its variable, flag and default
@@ -53,7 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     Settings.add_arguments(wk)
 
-    tok = sub.add_parser("token", help="mint a development bearer token")
+    tok = sub.add_parser(
+        "token",
+        help="mint a bearer token (jwt_secret, else the secret `runlog up` keeps in --data-dir)",
+    )
     tok.add_argument("--user", required=True, help="the user id (the token's subject)")
     tok.add_argument("--ttl-s", type=float, default=None, help="lifetime in seconds")
     Settings.add_arguments(tok)
@@ -73,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     tail.add_argument("--token", default=None, help="bearer token (default: $RUNLOG_TOKEN)")
     tail.add_argument(
-        "--user", default=None, help="mint a development token for this user (needs jwt_secret)"
+        "--user",
+        default=None,
+        help="mint a token for this user (jwt_secret, else --data-dir's `runlog up` secret)",
     )
     Settings.add_arguments(tail)
 
@@ -125,9 +131,7 @@ def main(argv: list[str] | None = None) -> None:
 
             token = args.token or os.environ.get("RUNLOG_TOKEN")
             if token is None and args.user:
-                from gateway import auth
-
-                token = auth.mint(settings, args.user)
+                token = _mint(settings, args.user, None)
             if not token:
                 raise errors.Unauthorized("give --token, $RUNLOG_TOKEN or --user")
             urls = args.url or [
@@ -137,9 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "prune":
             asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))
         elif args.command == "token":
-            from gateway import auth
-
-            print(auth.mint(settings, args.user, args.ttl_s))
+            print(_mint(settings, args.user, args.ttl_s))
         elif args.command == "revoke":
             asyncio.run(_revoke(settings, args.user))
         elif args.command == "up":
@@ -237,6 +239,25 @@ async def _worker(settings: Settings, concurrency: int | None) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     await serve(settings, stop, concurrency=concurrency)
+
+
+def _mint(settings: Settings, user: str, ttl_s: float | None) -> str:
+    """A token signed like the gateways of this data folder's `runlog up` sign
+    (its <data_dir>/jwt_secret), unless jwt_secret is set."""
+    from gateway import auth
+
+    from . import secret
+
+    settings = secret.resolve(settings, create_missing=False)
+    token = auth.mint(settings, user, ttl_s)
+    if auth.secret_is_public(settings):
+        print(
+            f"runlog: note: signed with the public development secret (no RUNLOG_JWT_SECRET, no "
+            f"{secret.path_of(settings.data_dir)}): only a loopback gateway running with it "
+            "accepts this token",
+            file=sys.stderr,
+        )
+    return token
 
 
 def _need_urls(settings: Settings) -> None:

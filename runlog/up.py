@@ -10,6 +10,11 @@ worker_metrics_port + k, or, when that is 0 (the default), on a free port
 picked here. It prints every URL, each process's pid and port, and a console
 link that signs you in with a short-lived development token.
 
+Tokens are signed with a random secret kept in the data folder
+(`<data_dir>/jwt_secret`, mode 0600, made by the first `up` and reused by the
+next ones; runlog/secret.py) unless jwt_secret is set: never with the public
+default.
+
 Every port it needs is checked before anything starts: a busy one is one line
 naming it and the setting that moves it (`port_in_use`, exit 2).
 
@@ -34,6 +39,7 @@ from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, free_port, p
 from broker.runtime import Broker
 from broker.settings import Settings
 
+from . import secret
 from .cli import install_stop_signals
 from .supervisor import ChildSpec, StartFailed, Supervisor
 
@@ -41,6 +47,7 @@ log = logging.getLogger("runlog.up")
 
 _CHILD_STOP_S = 30.0
 _READY_S = 60.0
+_LINK_TTL_S = 12 * 3600.0  # the console link's token (at most jwt_max_ttl_s)
 
 
 async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> None:
@@ -49,6 +56,8 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
     install_stop_signals(stop)
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    # Never the public default: the children get this one by RUNLOG_JWT_SECRET.
+    settings = secret.resolve(settings, create_missing=True)
     servers: list[NatsProcess | PostgresProcess] = []
     supervisor = Supervisor(stop_timeout_s=_CHILD_STOP_S)
     try:
@@ -114,7 +123,8 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
 
         from gateway import auth
 
-        token = auth.mint(settings, "you", ttl_s=12 * 3600)
+        link_ttl_s = min(_LINK_TTL_S, settings.jwt_max_ttl_s)
+        token = auth.mint(settings, "you", ttl_s=link_ttl_s)
         failover = f"&gateways={','.join(urls)}" if len(urls) > 1 else ""
         _say("runlog is up")
         _say(_row("console", f"{urls[0]}/#token={token}{failover}"))
@@ -129,8 +139,8 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         _say(_row("NATS", _server(nats_url, nats_pid)))
         _say(_row("PostgreSQL", _server(database_url, pg_pid)))
         _say(_row("data folder", str(data_dir)))
-        _say("The console link signs you in as 'you' for 12 h. A process that dies is restarted;"
-             " Ctrl-C stops everything.")  # fmt: skip
+        _say(f"The console link signs you in as 'you' for {link_ttl_s / 3600:g} h. A process"
+             " that dies is restarted; Ctrl-C stops everything.")  # fmt: skip
         await stop.wait()
     finally:
         await supervisor.stop()

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -82,7 +83,7 @@ async def test_follow_survives_a_gateway_going_away(settings: Settings, broker: 
 
 
 async def test_runlog_tail_prints_the_run(gw: RunningGateway, broker: Broker,
-                                          settings: Settings) -> None:  # fmt: skip
+                                          settings: Settings, tmp_root: Path) -> None:  # fmt: skip
     sid = await broker.store.create_session("alice")
     run_id = await broker.store.create_run(sid, "alice")
     w = await broker.claim(run_id, "w")
@@ -93,7 +94,10 @@ async def test_runlog_tail_prints_the_run(gw: RunningGateway, broker: Broker,
     await w.append(events.ToolResult(tool_call_id="c", status="ok", summary="3 hits"))
     await w.append(events.RunEnd(status="completed"))
     await w.flush()
-    env = {**os.environ, "RUNLOG_JWT_SECRET": settings.jwt_secret}
+    # A data folder without a jwt_secret file (the default, .runlog, may have
+    # one from a `runlog up`, which --user would sign with): the test's secret.
+    env = {**os.environ, "RUNLOG_JWT_SECRET": settings.jwt_secret,
+           "RUNLOG_DATA_DIR": str(tmp_root / "no-up-here")}  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "runlog.cli", "tail", run_id, "--url", gw.url, "--user", "alice",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

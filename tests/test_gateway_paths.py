@@ -67,7 +67,8 @@ def _assert_disconnect(d: dict[str, Any], code: str, topic: str, cursor: int) ->
 async def test_server_disconnects_carry_their_code_and_exact_cursor(
     reason: str, settings: Settings, http: aiohttp.ClientSession, broker: Broker
 ) -> None:
-    async with running_gateway(settings) as g:
+    # No leeway: the connection ends when the 3 s token does, not 30 s later.
+    async with running_gateway(settings, jwt_leeway_s=0) as g:
         sid = await session_with(http, g, "alice")
         run_id, _ = await write_run(broker, sid, 30, end=False)
         topic = f"run:{run_id}"

@@ -160,7 +160,8 @@ async def test_a_client_that_never_reads_again_is_cut_within_the_bound(
 async def test_token_expiry_with_a_blocked_writer_ends_the_connection(
     settings: Settings, http: aiohttp.ClientSession, broker: Broker
 ) -> None:
-    async with running_gateway(settings, **_LARGE_QUEUE) as g:
+    # No leeway: the connection ends when the 3 s token does, not 30 s later.
+    async with running_gateway(settings, jwt_leeway_s=0, **_LARGE_QUEUE) as g:
         sid = await session_with(http, g, "alice")
         run_id, w = await write_run(broker, sid, 0, end=False)
         slow = await _subscribed_raw_ws(g, run_id, ttl_s=3)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -157,6 +159,20 @@ class Up:
         restarts = [int(m.group(1)) for line in self.lines if (m := rx.search(line))]
         return restarts[-1] if restarts else printed
 
+    @property
+    def secret_path(self) -> Path:
+        return self.data_dir / "jwt_secret"
+
+    def token(self, user: str) -> str:
+        """A token this stack accepts: signed with its data folder's secret."""
+        secret = self.secret_path.read_text().strip()
+        return auth.mint(dataclasses.replace(Settings.from_env({}), jwt_secret=secret), user)
+
+    async def console_token(self) -> str:
+        """The token of the console link `runlog up` printed last."""
+        m = await self.wait_line(r"^  console: +http://\S+/#token=([^&\s]+)")
+        return m.group(1)
+
     def tail(self) -> str:
         return "\n".join(["-- stdout", *self.lines[-40:], "-- stderr", *self.errors[-40:]])
 
@@ -228,11 +244,6 @@ async def up(data_dir: Path) -> AsyncIterator[Up]:
         await stack.stop()
 
 
-def _token() -> str:
-    # `runlog up` runs with the default settings, the development secret included.
-    return auth.mint(Settings.from_env({}), "alice")
-
-
 async def _ready(http: aiohttp.ClientSession, url: str) -> bool:
     try:
         async with http.get(url + "/readyz") as r:
@@ -257,7 +268,10 @@ async def test_kill_9_one_gateway_the_client_resumes_and_the_gateway_comes_back(
     g1_port = up.gateway_port
     old_pid = _listener_pid(g1_port)
     assert old_pid is not None
-    async with Client(up.urls, _token(), max_reconnects=10) as c, aiohttp.ClientSession() as http:
+    async with (
+        Client(up.urls, up.token("alice"), max_reconnects=10) as c,
+        aiohttp.ClientSession() as http,
+    ):
         sid = await c.create_session("failover")
         run_id = await c.start_run(sid, "long")
         got = []
@@ -317,7 +331,7 @@ async def test_every_gateway_lists_the_gateways_of_the_console_link(up: Up) -> N
 
 
 async def test_sigkill_of_up_takes_every_child_down_and_the_next_start_works(up: Up) -> None:
-    async with Client(up.urls, _token()) as c:
+    async with Client(up.urls, up.token("alice")) as c:
         sid = await c.create_session("survives")
     up.remember_descendants()
     children = up.descendants()
@@ -333,7 +347,7 @@ async def test_sigkill_of_up_takes_every_child_down_and_the_next_start_works(up:
     # Same data folder, same ports: PostgreSQL shut down cleanly enough to
     # start again, and what it held is still there.
     await up.start()
-    async with Client(up.urls, _token()) as c:
+    async with Client(up.urls, up.token("alice")) as c:
         assert (await c.get_session(sid))["session_id"] == sid
 
 
@@ -423,3 +437,45 @@ def test_exit_descriptions() -> None:
     assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
     assert describe_exit(0) == "exit code 0"
     assert describe_exit(2) == "exit code 2"
+
+
+async def _status(http: aiohttp.ClientSession, url: str, token: str) -> int:
+    async with http.get(url + "/v1/sessions", headers={"Authorization": f"Bearer {token}"}) as r:
+        return r.status
+
+
+async def _runlog_token(data_dir: Path, user: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlog.cli", "token", "--user", user, "--data-dir", str(data_dir),
+        env=_clean_env(), stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    return out.decode().strip()
+
+
+async def test_up_signs_with_a_random_secret_kept_in_its_data_folder(up: Up) -> None:
+    path = up.secret_path
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = path.read_text().strip()
+    assert len(secret) >= 43 and secret != Settings().jwt_secret  # token_urlsafe(32)
+    public = auth.mint(Settings(), "alice")  # the documented default secret
+    console = await up.console_token()
+    minted = await _runlog_token(up.data_dir, "alice")
+    async with aiohttp.ClientSession() as http:
+        for url in up.urls:
+            assert await _status(http, url, public) == 401
+            assert await _status(http, url, console) == 200
+            assert await _status(http, url, minted) == 200
+
+
+@pytest.mark.timeout(300)
+async def test_a_second_up_on_the_same_folder_reuses_its_secret(up: Up) -> None:
+    secret = up.secret_path.read_text()
+    old_console = await up.console_token()
+    await up.stop()
+    await up.start()
+    assert up.secret_path.read_text() == secret
+    async with aiohttp.ClientSession() as http:
+        assert await _status(http, up.url(1), old_console) == 200  # survives the restart
+        assert await _status(http, up.url(2), await up.console_token()) == 200

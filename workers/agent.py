@@ -26,7 +26,7 @@ import secrets
 import time
 from typing import Literal
 
-from broker import approvals, errors, events, ids
+from broker import approvals, errors, events, ids, models
 
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure
@@ -164,6 +164,10 @@ class Agent:
     async def _loop(self) -> None:
         ctx = self.ctx
         state = self.state
+        # After run_start (kept first), before any model call: the gateway
+        # checked this too, but its settings may not be ours.
+        if not models.is_allowed(ctx.settings, ctx.run.model, default=self.model_name):
+            raise RunFailure("model_not_allowed")
         while True:
             ctx.check_halt()
             if state.step >= ctx.settings.max_steps:

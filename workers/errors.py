@@ -15,6 +15,7 @@ CODES: dict[str, tuple[bool, str]] = {
     "model_timeout": (True, "the model sent nothing for too long"),
     "tool_timeout": (True, "a tool took longer than its time limit"),
     "step_limit": (False, "the run reached its limit of model turns"),
+    "model_not_allowed": (False, "the model this run asked for is not allowed here"),
     "internal": (True, "internal error in the worker"),
 }
 

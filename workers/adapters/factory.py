@@ -7,6 +7,7 @@ needs nothing but the standard library.
 from __future__ import annotations
 
 from broker import errors
+from broker.models import default_model
 from broker.settings import Settings
 from workers.model import ModelAdapter
 
@@ -47,11 +48,9 @@ def make_adapter(settings: Settings) -> ModelAdapter:
 
 
 def model_name(adapter: ModelAdapter, settings: Settings) -> str:
-    """The model a run reports in run_start when the run did not ask for one."""
-    return {
-        "openai": settings.openai_model,
-        "anthropic": settings.anthropic_model,
-    }.get(adapter.name, str(getattr(adapter, "model", adapter.name)))
+    """The model a run reports in run_start when the run did not ask for one
+    (the adapter's default, which the allow-list always allows)."""
+    return default_model(settings, adapter.name) or str(getattr(adapter, "model", adapter.name))
 
 
 async def close_adapter(adapter: ModelAdapter) -> None:

@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from broker.models import SCRIPTED_MODEL
 from workers.model import (
     Finish,
     FinishReason,
@@ -87,7 +88,7 @@ class _Pacer:
 
 class ScriptedAdapter:
     name = "scripted"
-    model = "scripted-demo"
+    model = SCRIPTED_MODEL
 
     def __init__(self, tokens_per_s: float = 50.0) -> None:
         self.tokens_per_s = tokens_per_s

@@ -1,0 +1,64 @@
+"""Where a request's bearer token may come from.
+
+`Authorization: Bearer <token>` everywhere. `?access_token=<token>` only where
+a browser cannot set that header: an EventSource (a GET of an events endpoint
+with `Accept: text/event-stream`) and the WebSocket upgrade (`GET /v1/ws`,
+which also takes the `bearer.<token>` subprotocol or a first `auth` message,
+see ws.py). A token in a URL ends up in access logs, proxies and browser
+history, and a link must never be able to change anything: anywhere else a
+query token is refused with 401 `unauthorized` — not ignored, so a client that
+sends one learns at once instead of failing some other way.
+
+`refuse_misplaced_query_token` applies the rule to every route, including
+ones that need no token and ones added later; `token_of` reads the token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from broker import errors
+
+from . import auth
+
+QUERY_PARAM = "access_token"
+
+# Routes (templates) that may take the token in the query, on a GET.
+_STREAM_ROUTES = frozenset({"/v1/runs/{run_id}/events", "/v1/sessions/{session_id}/events"})
+_WS_ROUTE = "/v1/ws"
+
+
+def query_token_allowed(request: web.Request) -> bool:
+    if request.method != "GET":
+        return False
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else ""
+    if route == _WS_ROUTE:
+        return True
+    return route in _STREAM_ROUTES and "text/event-stream" in request.headers.get("Accept", "")
+
+
+def check_query_token(request: web.Request) -> None:
+    if QUERY_PARAM in request.query and not query_token_allowed(request):
+        raise errors.Unauthorized(
+            f"?{QUERY_PARAM}= is accepted only on SSE streams (GET with Accept: "
+            "text/event-stream) and the WebSocket upgrade",
+            hint="send the token in an 'Authorization: Bearer <token>' header",
+        )
+
+
+def token_of(request: web.Request) -> str | None:
+    """The bearer token of the request: the header's, else the query's where
+    that is allowed (elsewhere a query token is Unauthorized)."""
+    check_query_token(request)
+    return auth.bearer(request.headers.get("Authorization")) or request.query.get(QUERY_PARAM)
+
+
+@web.middleware
+async def refuse_misplaced_query_token(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    check_query_token(request)
+    return await handler(request)
