@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import jwt
 
-from broker import errors
+from broker import errors, ids
 from broker.settings import Settings
 from broker.store import Store
 
@@ -59,8 +59,9 @@ def verify(settings: Settings, token: str) -> Principal:
     except jwt.PyJWTError as e:
         raise errors.Unauthorized(f"invalid token: {type(e).__name__}") from e
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > 200:
-        raise errors.Unauthorized("invalid token: bad subject")
+    problem = ids.user_id_problem(sub) if isinstance(sub, str) else "not a string"
+    if problem is not None or not isinstance(sub, str):
+        raise errors.Unauthorized(f"invalid token: bad subject ({problem})")
     iat = claims.get("iat")
     issued_at = float(iat) if isinstance(iat, int | float) else 0.0
     return Principal(user=sub, expires_at=float(claims["exp"]), issued_at=issued_at)
@@ -80,9 +81,11 @@ async def require_role(
 ) -> str:
     """The user's role in the session, if it allows `action`; else a coded error.
     A non-member learns nothing about whether the session exists."""
-    role = await store.member_role(session_id, user)
+    # A malformed id is answered as an unknown session, without a query.
+    valid = ids.is_valid(session_id, ids.SESSION)
+    role = await store.member_role(session_id, user) if valid else None
     if role is None:
-        raise errors.NotAMember(f"you are not a member of session {session_id}")
+        raise errors.NotAMember(f"you are not a member of session {session_id[:64]!r}")
     if role not in allowed:
         raise errors.Forbidden(f"role {role!r} may not {action}")
     return role
