@@ -80,10 +80,10 @@ class Gateway:
 
     async def authorize(
         self, user: str, kind: str, ident: str, allowed: frozenset[str], action: str
-    ) -> str:
-        """The user's role in the run's or session's session, if it allows
-        `action`. An unknown or malformed id gets the answer a session you
-        are not in gets (`not_a_member`), so ids cannot be probed."""
+    ) -> tuple[str, str]:
+        """(session id, the user's role there) for the run or session, if the
+        role allows `action`. An unknown or malformed id gets the answer a
+        session you are not in gets (`not_a_member`), so ids cannot be probed."""
         if kind == "run":
             try:
                 sid = await self.run_session(ident)
@@ -93,7 +93,7 @@ class Gateway:
                 ) from None
         else:
             sid = ident
-        return await auth.require_role(self.broker.store, sid, user, allowed, action)
+        return sid, await auth.require_role(self.broker.store, sid, user, allowed, action)
 
     async def decide(
         self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
