@@ -42,6 +42,7 @@ _ERRORS = {
     409: "conflict (run_busy, approval_conflict, ...)",
     410: "approval_expired",
     413: "payload_too_large",
+    429: "too_many_connections (retry_after_s)",
     503: "storage_unavailable / server_draining / bus_unavailable (retryable)",
 }
 _COMMON = (401, 503)
@@ -56,9 +57,10 @@ _ID_PATTERNS = {
 }
 
 
-def _op(summary: str, *, body: str | None = None, ok: tuple[int, ...] = (200,),
+def _op(summary: str, *, body: str | None = None, ok: int | tuple[int, ...] = 200,
         sse: bool = False, params: tuple[str, ...] = (),
         errors: tuple[int, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    ok = (ok,) if isinstance(ok, int) else ok
     statuses = sorted({*errors, *_COMMON, *(_WITH_BODY if body else ())})
     responses: dict[str, Any] = {
         str(s): {"description": "no content (an ended run, read from its end)" if s == 204
@@ -82,7 +84,8 @@ def _op(summary: str, *, body: str | None = None, ok: tuple[int, ...] = (200,),
         }
     op["parameters"] = [
         {"name": p, "in": "path", "required": True,
-         "schema": {"type": "string", "pattern": _ID_PATTERNS[p]}}
+         "schema": {"type": "string", **({"pattern": _ID_PATTERNS[p]} if p in _ID_PATTERNS
+                                         else {})}}
         for p in params
     ]  # fmt: skip
     return op
