@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # cannot work here); installed once, quietly, if missing (CI runs as root).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test check lint bench clean
+.PHONY: run test check lint bench fuzz clean
 
 $(CHROMIUM):
 	@echo "installing chromium for the browser tests (apt-get)"
@@ -31,6 +31,12 @@ lint: $(STAMP)
 	$(BIN)/mypy broker workers gateway runlog tests bench
 
 check: lint test
+
+# Schemathesis over /v1/openapi.json with many examples (the suite runs a few).
+FUZZ_EXAMPLES ?= 200
+fuzz: $(STAMP)
+	FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$${FUZZ_SEED:-$$(date +%s)} \
+		$(BIN)/python -m pytest tests/test_fuzz.py -q -s --timeout=1800
 
 bench: $(STAMP)
 	for s in append fanout latency replay idle worker; do $(BIN)/python -m bench $$s || exit 1; done

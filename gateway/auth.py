@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import jwt
 
-from broker import errors
+from broker import errors, ids
 from broker.settings import DEV_JWT_SECRET, Settings
 from broker.store import Store
 
@@ -80,8 +80,9 @@ def verify(settings: Settings, token: str) -> Principal:
     except jwt.PyJWTError as e:
         raise errors.Unauthorized(f"invalid token: {type(e).__name__}") from e
     sub, iat, exp = claims.get("sub"), claims["iat"], claims["exp"]
-    if not isinstance(sub, str) or not sub or len(sub) > 200:
-        raise errors.Unauthorized("invalid token: bad subject")
+    problem = ids.user_id_problem(sub) if isinstance(sub, str) else "not a string"
+    if problem is not None or not isinstance(sub, str):
+        raise errors.Unauthorized(f"invalid token: bad subject ({problem})")
     # PyJWT takes numeric strings too; we do not.
     if not _is_number(iat) or not _is_number(exp):
         raise errors.Unauthorized("invalid token: iat and exp must be numbers")
@@ -144,9 +145,11 @@ async def require_role(
 ) -> str:
     """The user's role in the session, if it allows `action`; else a coded error.
     A non-member learns nothing about whether the session exists."""
-    role = await store.member_role(session_id, user)
+    # A malformed id is answered as an unknown session, without a query.
+    valid = ids.is_valid(session_id, ids.SESSION)
+    role = await store.member_role(session_id, user) if valid else None
     if role is None:
-        raise errors.NotAMember(f"you are not a member of session {session_id}")
+        raise errors.NotAMember(f"you are not a member of session {session_id[:64]!r}")
     if role not in allowed:
         raise errors.Forbidden(f"role {role!r} may not {action}")
     return role

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from broker import errors
+from broker import errors, ids
 from broker.runtime import Broker
 from broker.settings import Settings
 
@@ -76,9 +76,12 @@ class Gateway:
         return self.verify(token)
 
     async def run_session(self, run_id: str) -> str:
-        """The session of a run (immutable, so cached)."""
+        """The session of a run (immutable, so cached). A malformed run id is
+        an unknown run, found without a query."""
         sid = self._run_sessions.get(run_id)
         if sid is None:
+            if not ids.is_valid(run_id, ids.RUN):
+                raise errors.RunNotFound(f"no run {run_id[:64]!r}")
             info = await self.broker.store.get_run(run_id)
             sid = info.session_id
             if len(self._run_sessions) >= _RUN_CACHE_MAX:
@@ -87,25 +90,51 @@ class Gateway:
         return sid
 
     async def authorize_stream(self, user: str, kind: str, ident: str) -> None:
-        """Raise unless `user` may read the run or session."""
+        """Raise unless `user` may read the run or session (and note its role
+        there, to find demotions whose message this gateway missed)."""
+        sid, role = await self.authorize(user, kind, ident, auth.READ, "read")
+        await self.access.noted(user, sid, role)
+
+    async def authorize(
+        self, user: str, kind: str, ident: str, allowed: frozenset[str], action: str
+    ) -> tuple[str, str]:
+        """(session id, the user's role there) for the run or session, if the
+        role allows `action`. An unknown or malformed id gets the answer a
+        session you are not in gets (`not_a_member`), so ids cannot be probed."""
         if kind == "run":
             try:
                 sid = await self.run_session(ident)
             except errors.RunNotFound:
-                # Same answer as for a run of a session you are not in.
-                raise errors.NotAMember(f"run {ident} is not in any session of yours") from None
+                raise errors.NotAMember(
+                    f"run {ident[:64]!r} is not in any session of yours"
+                ) from None
         else:
             sid = ident
-        role = await auth.require_role(self.broker.store, sid, user, auth.READ, "read")
-        await self.access.noted(user, sid, role)
+        return sid, await auth.require_role(self.broker.store, sid, user, allowed, action)
 
     async def decide(
         self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
     ) -> dict[str, object]:
-        """Shared by REST and WebSocket: role check, then the single decision."""
-        info = await self.broker.store.approval(approval_id)
-        if run_id is not None and info.run_id != run_id:
-            raise errors.ApprovalNotFound(f"no approval {approval_id} in run {run_id}")
+        """Shared by REST and WebSocket: role check, then the single decision.
+
+        A non-member learns nothing about an approval: unknown, malformed or
+        someone else's, the answer is `not_a_member`. With `run_id` (REST),
+        the run's members may learn that the run has no such approval (its
+        events list its approvals anyway)."""
+        if run_id is not None:
+            await self.authorize_stream(user, "run", run_id)
+        try:
+            if not ids.is_valid(approval_id, ids.APPROVAL):
+                raise errors.ApprovalNotFound(f"no approval {approval_id[:64]!r}")
+            info = await self.broker.store.approval(approval_id)
+            if run_id is not None and info.run_id != run_id:
+                raise errors.ApprovalNotFound(f"no approval {approval_id[:64]!r} in run {run_id}")
+        except errors.ApprovalNotFound:
+            if run_id is not None:
+                raise
+            raise errors.NotAMember(
+                f"approval {approval_id[:64]!r} is not in any session of yours"
+            ) from None
         await auth.require_role(
             self.broker.store, info.session_id, user, auth.ACT, "decide approvals"
         )

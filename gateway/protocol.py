@@ -18,14 +18,18 @@ import msgspec
 
 from broker import errors
 
+from . import inputs
+
 PROTOCOL_VERSION = 1
 SUBPROTOCOL = "runlog.v1"
 BEARER_SUBPROTOCOL_PREFIX = "bearer."
 
-Ref = Annotated[str, msgspec.Meta(max_length=64)]
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-Cursor = Annotated[int, msgspec.Meta(ge=0)]
-Text = Annotated[str, msgspec.Meta(max_length=4000)]
+Ref = inputs.Ref
+# Checked against broker/ids.py where the gateway authorizes the message: a
+# malformed id gets the answer an unknown one gets (`not_a_member`).
+Id = str
+Cursor = inputs.Count
+Text = inputs.Text  # no NUL (see inputs.py)
 
 
 class _Msg(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):

@@ -11,14 +11,16 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from aiohttp import web
 
-from broker import errors, models
+from broker import errors, ids, models
 from broker.store import StoredEvent
 
-from . import auth, sse
+from . import auth, inputs, sse
 from .context import GATEWAY, Gateway, json_response
 
-Text = Annotated[str, msgspec.Meta(max_length=4000)]
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Text = inputs.Text  # no NUL in any text field (see inputs.py)
+UserId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=ids.USER_ID_MAX_CHARS, pattern=inputs.NO_NUL)
+]
 Role = Literal["owner", "approver", "viewer"]
 Policy = Literal["reject", "enqueue", "interrupt"]
 
@@ -33,8 +35,14 @@ class CreateSession(_Body):
 
 
 class AddMember(_Body):
-    user_id: Id
+    user_id: UserId
     role: Role
+
+    def __post_init__(self) -> None:
+        # The rest of the user id rule, in the one place it is written.
+        problem = ids.user_id_problem(self.user_id)
+        if problem is not None:
+            raise ValueError(f"{problem} - at `$.user_id`")
 
 
 class SetRole(_Body):
@@ -42,8 +50,8 @@ class SetRole(_Body):
 
 
 class StartRun(_Body):
-    input: Annotated[str, msgspec.Meta(max_length=32000)] = ""
-    model: Annotated[str, msgspec.Meta(max_length=200)] = ""
+    input: inputs.LongText = ""
+    model: inputs.ShortText = ""
 
 
 class InterruptBody(_Body):
@@ -87,9 +95,10 @@ def _limit(request: web.Request, gw: Gateway) -> int:
     raw = request.query.get("limit", "")
     if raw == "":
         return gw.settings.page_max_events
-    if not raw.isdigit() or not 1 <= int(raw) <= gw.settings.page_max_events:
-        raise InvalidRequest(f"limit must be 1..{gw.settings.page_max_events}")
-    return int(raw)
+    n = inputs.parse_count(raw)
+    if n is None or not 1 <= n <= gw.settings.page_max_events:
+        raise InvalidRequest(f"limit must be 1..{gw.settings.page_max_events} in ASCII digits")
+    return n
 
 
 async def create_session(request: web.Request) -> web.Response:
@@ -223,11 +232,12 @@ async def session_events(request: web.Request) -> web.StreamResponse:
 async def _events(request: web.Request, kind: str, ident: str) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     p = gw.principal(request)
-    await gw.authorize_stream(p.user, kind, ident)
+    # All of the request is read before any query (a bad cursor costs nothing).
     after = sse.cursor_from(request)
+    limit = 0 if wants_sse(request) else _limit(request, gw)
+    await gw.authorize_stream(p.user, kind, ident)
     if wants_sse(request):
         return await sse.stream(request, gw, p.user, kind, ident, after, issued_at=p.issued_at)
-    limit = _limit(request, gw)
     store = gw.broker.store
     by_run = kind == "run"
     retry_s = gw.settings.db_retry_s
@@ -273,8 +283,7 @@ async def interrupt(request: web.Request) -> web.Response:
     p = gw.principal(request)
     run_id = request.match_info["run_id"]
     body = await read_body(request, InterruptBody, gw)
-    sid = await gw.run_session(run_id)
-    await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "interrupt runs")
+    await gw.authorize(p.user, "run", run_id, auth.ACT, "interrupt runs")
     first = await gw.broker.interrupt(run_id, p.user, body.reason)
     return json_response({"run_id": run_id, "first": first}, 202)
 

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from broker import errors
 
-from . import _aio
+from . import _aio, inputs
 from .admission import Ticket
 from .connection import Connection, State
 from .context import Gateway
@@ -104,9 +104,12 @@ def cursor_from(request: web.Request) -> int:
     for v in values:
         if v is None or v == "":
             continue
-        if not v.isdigit() or len(v) > 18:
-            raise errors.InvalidCursor(f"cursor {v!r} is not a non-negative integer")
-        best = max(best, int(v))
+        n = inputs.parse_count(v)
+        if n is None:
+            raise errors.InvalidCursor(
+                f"cursor {v[:40]!r} is not a non-negative integer in ASCII digits"
+            )
+        best = max(best, n)
     return best
 
 

@@ -154,10 +154,7 @@ class WsClient(Connection):
                 self.detach(f"{kind}:{ident}")
                 self.reply("unsubscribed", ref=msg.ref, topic=f"{kind}:{ident}")
             case protocol.InterruptMsg():
-                sid = await self.gw.run_session(msg.run_id)
-                await auth.require_role(
-                    self.gw.broker.store, sid, self.user, auth.ACT, "interrupt runs"
-                )
+                await self.gw.authorize(self.user, "run", msg.run_id, auth.ACT, "interrupt runs")
                 first = await self.gw.broker.interrupt(msg.run_id, self.user, msg.reason)
                 self.reply("ack", ref=msg.ref, result={"run_id": msg.run_id, "first": first})
             case protocol.DecideMsg():

@@ -35,6 +35,8 @@ class CuttingProxy:
         self.cuts = 0
         self._partitioned = False
         self._writers: set[asyncio.StreamWriter] = set()
+        # What clients sent to the server since `record()` (None: not recording).
+        self.recorded: bytearray | None = None
 
     @classmethod
     def in_front_of(cls, url: str) -> CuttingProxy:
@@ -51,6 +53,10 @@ class CuttingProxy:
         self._marker = marker
         self._forward = forward
         self._hold_s = hold_s
+
+    def record(self) -> None:
+        """Keep what clients send from now on in `recorded` (from empty)."""
+        self.recorded = bytearray()
 
     def partition(self) -> None:
         """Cut every connection and refuse new ones (accepted, then closed)
@@ -89,6 +95,8 @@ class CuttingProxy:
 
         async def client_to_server() -> None:
             while data := await cr.read(65536):
+                if self.recorded is not None:
+                    self.recorded += data
                 if self._marker is not None and self._marker in data:
                     self._marker = None
                     self.cuts += 1
