@@ -158,12 +158,20 @@ async def add_member(request: web.Request) -> web.Response:
                           "previous_role": before}, 201)  # fmt: skip
 
 
+def _member_id(sid: str, user_id: str) -> None:
+    """A path's user id that no user can have is answered as a non-member is
+    (after the owner check, so it tells a non-owner nothing), without a query."""
+    if ids.user_id_problem(user_id) is not None:
+        raise errors.MemberNotFound(f"{user_id[:64]!r} is not a member of session {sid}")
+
+
 async def set_member_role(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = gw.principal(request)
     sid, user_id = request.match_info["session_id"], request.match_info["user_id"]
     body = await read_body(request, SetRole, gw)
     await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "change roles")
+    _member_id(sid, user_id)
     before = await gw.broker.store.set_member_role(sid, user_id, body.role, p.user)
     await gw.access.member_changed(sid, user_id, body.role, before)
     return json_response(
@@ -176,6 +184,7 @@ async def remove_member(request: web.Request) -> web.Response:
     p = gw.principal(request)
     sid, user_id = request.match_info["session_id"], request.match_info["user_id"]
     await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "remove members")
+    _member_id(sid, user_id)
     before = await gw.broker.store.remove_member(sid, user_id, p.user)
     await gw.access.member_changed(sid, user_id, None, before)
     return json_response(

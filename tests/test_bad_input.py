@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import aiohttp
 import asyncpg
@@ -157,7 +158,21 @@ _ID_ENDPOINTS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/runs/{rid}/events", None),
     ("POST", "/v1/runs/{rid}/interrupt", {"reason": "r"}),
     ("POST", "/v1/runs/{rid}/approvals/{aid}", {"decision": "reject"}),
+    ("PATCH", "/v1/sessions/{sid}/members/zed", {"role": "viewer"}),
+    ("DELETE", "/v1/sessions/{sid}/members/zed", None),
 ]
+
+# Malformed user ids in a member path, percent-encoded: answered as a
+# non-member is (member_not_found), after the owner check, never looked up.
+_BAD_PATH_USERS = {
+    "nul": "a%00b",
+    "rlo": "%E2%80%AEevil",
+    "zero_width": "a%E2%80%8Bb",
+    "newline": "a%0Ab",
+    "invalid_utf8": "a%FF%FEb",
+    "leading_space": "%20alice",
+    "over_long": "x" * 201,
+}
 
 
 def _id_rows() -> list[Row]:
@@ -181,6 +196,17 @@ def _id_rows() -> list[Row]:
                 rows.append(Row(f"{method} {path} {param}={name}", method,
                                 path.replace(param, bad), status, code,
                                 body=None if body is None else _j(body), reads=reads))  # fmt: skip
+    return rows
+
+
+def _member_path_rows() -> list[Row]:
+    rows = []
+    for method, body in (("PATCH", _j({"role": "viewer"})), ("DELETE", None)):
+        for name, bad in _BAD_PATH_USERS.items():
+            # alice's role is read (she is the owner); the bad user id never is.
+            rows.append(Row(f"{method} member user_id={name}", method,
+                            f"/v1/sessions/{{sid}}/members/{bad}", 404, "member_not_found",
+                            body=body, reads=unquote_to_bytes(bad)))  # fmt: skip
     return rows
 
 
@@ -379,7 +405,7 @@ def _non_member_rows() -> list[Row]:
 
 
 ROWS = _id_rows() + _text_rows() + _shape_rows() + _number_rows() + _other_rows()
-ROWS += _non_member_rows()
+ROWS += _non_member_rows() + _member_path_rows()
 
 
 def _fill(template: str, ids: dict[str, str]) -> str:
