@@ -88,7 +88,8 @@ async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:
 
 
 def wants_sse(request: web.Request) -> bool:
-    return "text/event-stream" in request.headers.get("Accept", "")
+    # A HEAD gets the JSON page's headers: a stream's body has no place there.
+    return request.method != "HEAD" and "text/event-stream" in request.headers.get("Accept", "")
 
 
 def _limit(request: web.Request, gw: Gateway) -> int:

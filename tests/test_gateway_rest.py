@@ -293,3 +293,20 @@ async def test_session_pages_carry_real_cursors_across_pruned_holes(
         after = p["next_after"]
     assert got == [(c, r1, c) for c in range(1, 7)] + [(12 + s, r3, s) for s in range(1, 12)]
     assert after == 23
+
+
+async def test_head_of_an_events_stream_sends_headers_only(gw: RunningGateway, broker: Broker,
+                                                           http: aiohttp.ClientSession) -> None:  # fmt: skip
+    """HEAD with Accept: text/event-stream answers like the JSON page's HEAD:
+    headers, no body (an SSE body there broke the next response on the
+    keep-alive connection)."""
+    sid = await session_with(http, gw, "alice")
+    run_id, _ = await write_run(broker, sid, 3, end=False)
+    h = {**gw.headers("alice"), "Accept": "text/event-stream"}
+    # One connection, reused: whatever HEAD left on it reaches the next answer.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one:
+        for url in (f"{gw.url}/v1/runs/{run_id}/events", f"{gw.url}/v1/sessions/{sid}/events"):
+            async with one.head(url, headers=h) as r:
+                assert (r.status, r.headers["Content-Type"]) == (200, "application/json")
+            async with one.get(url, headers=gw.headers("alice")) as r:
+                assert r.status == 200 and len((await r.json())["events"]) == 3
