@@ -120,6 +120,7 @@ async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> Non
     from prometheus_client import CollectorRegistry
 
     from broker.settings import Settings
+    from gateway._malloc import Trimmer
     from gateway.connection import Connection, State
     from gateway.metrics import GatewayMetrics
 
@@ -130,6 +131,7 @@ async def test_merged_and_dropped_events_reach_the_metrics_when_written() -> Non
         settings: Settings
         metrics: GatewayMetrics
         connections: set[Connection]
+        trimmer: Trimmer = dataclasses.field(default_factory=lambda: Trimmer(0))
 
     class Capture(Connection):
         kind = "ws"
