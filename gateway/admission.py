@@ -33,14 +33,17 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def parse_networks(spec: str) -> tuple[Network, ...]:
-    """`trusted_proxies` ("10.0.0.0/8, 192.0.2.7") as networks; exits on a bad one."""
+    """`trusted_proxies` ("10.0.0.0/8, 192.0.2.7") as networks; InvalidSetting
+    (the process stops before it serves) on a bad one."""
     out = []
     for part in spec.split(","):
         if part.strip():
             try:
                 out.append(ipaddress.ip_network(part.strip(), strict=False))
             except ValueError as e:
-                raise SystemExit(f"runlog: bad address in RUNLOG_TRUSTED_PROXIES: {part!r}") from e
+                raise errors.InvalidSetting(
+                    "trusted_proxies", part.strip(), "is not an address or a network (CIDR)"
+                ) from e
     return tuple(out)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker import errors
 from gateway.admission import client_address, parse_networks
 
 _PROXIES = parse_networks("10.0.0.0/8, 192.0.2.7")
@@ -36,5 +37,6 @@ def test_client_address(
 
 
 def test_a_bad_trusted_proxy_is_refused_at_start() -> None:
-    with pytest.raises(SystemExit, match="RUNLOG_TRUSTED_PROXIES"):
+    with pytest.raises(errors.InvalidSetting, match="RUNLOG_TRUSTED_PROXIES") as e:
         parse_networks("10.0.0.0/8, nonsense")
+    assert e.value.code == "invalid_setting"
