@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: run test check lint bench fuzz clean
+# The real JavaScript clients the compat projections are tested with (pinned
+# in tests/clients/package-lock.json).
+CLIENTS := tests/clients/node_modules/.installed
 
 $(CHROMIUM):
 	@echo "installing chromium for the browser tests (apt-get)"
@@ -19,10 +22,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+$(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
+	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
+	touch $(CLIENTS)
+
 run: $(STAMP)
 	$(BIN)/runlog up
 
-test: $(STAMP) | $(CHROMIUM)
+test: $(STAMP) $(CLIENTS) | $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -42,4 +49,4 @@ bench: $(STAMP)
 	for s in append fanout latency replay idle worker; do $(BIN)/python -m bench $$s || exit 1; done
 
 clean:
-	rm -rf $(VENV) .runlog .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .runlog .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules
