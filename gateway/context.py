@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from broker import errors, ids
+from broker import errors, ids, models
 from broker.runtime import Broker
 from broker.settings import Settings
 
@@ -111,6 +111,25 @@ class Gateway:
         else:
             sid = ident
         return sid, await auth.require_role(self.broker.store, sid, user, allowed, action)
+
+    async def start_run(
+        self, request: web.Request, user: str, session_id: str, input: str, model: str = "",
+        *, streamed: bool,
+    ) -> str:  # fmt: skip
+        """Start a run for `user`, as every way in does (native REST and every
+        compat format): the input fits an event, the role may start runs, the
+        model is allowed, and a streamed answer is within the connection caps
+        (checked before the run exists, not after). Returns the run id."""
+        # The input travels in the run's first event, which must fit an event.
+        if len(input.encode()) > self.settings.max_event_bytes - 4096:
+            raise errors.PayloadTooLarge(
+                f"input is over {self.settings.max_event_bytes - 4096} bytes of UTF-8"
+            )
+        await auth.require_role(self.broker.store, session_id, user, auth.ACT, "start runs")
+        models.check(self.settings, model)
+        if streamed:
+            self.admission.check(self.admission.client_ip(request), user)
+        return await self.broker.start_run(session_id, user, input=input, model=model)
 
     async def decide(
         self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from aiohttp import web
 
-from broker import errors, ids, models
+from broker import errors, ids
 from broker.store import StoredEvent
 
 from . import auth, inputs, sse
@@ -198,17 +198,9 @@ async def start_run(request: web.Request) -> web.StreamResponse:
     p = gw.principal(request)
     sid = request.match_info["session_id"]
     body = await read_body(request, StartRun, gw)
-    # The input travels in the run's first event, which must fit an event.
-    if len(body.input.encode()) > gw.settings.max_event_bytes - 4096:
-        raise errors.PayloadTooLarge(
-            f"input is over {gw.settings.max_event_bytes - 4096} bytes of UTF-8"
-        )
-    await auth.require_role(gw.broker.store, sid, p.user, auth.ACT, "start runs")
-    models.check(gw.settings, body.model)
-    if wants_sse(request):  # refused before the run starts, not after
-        gw.admission.check(gw.admission.client_ip(request), p.user)
-    run_id = await gw.broker.start_run(sid, p.user, input=body.input, model=body.model)
-    if wants_sse(request):
+    streamed = wants_sse(request)
+    run_id = await gw.start_run(request, p.user, sid, body.input, body.model, streamed=streamed)
+    if streamed:
         return await sse.stream(request, gw, p.user, "run", run_id, 0, issued_at=p.issued_at)
     return json_response(
         {"run_id": run_id, "session_id": sid, "events_url": f"/v1/runs/{run_id}/events"}, 202
