@@ -8,15 +8,38 @@ real worker.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
+import httpx2
+import pytest
+from openai import (
+    APIConnectionError,
+    APIError,
+    AsyncOpenAI,
+    AsyncStream,
+    AuthenticationError,
+    BadRequestError,
+    DefaultAsyncHttpxClient,
+    PermissionDeniedError,
+)
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from broker import events
+from broker.runtime import Broker
+from broker.settings import Settings
 from gateway.compat.base import Context, Wire
 from gateway.compat.openai import OpenAIChunks
+
+from .gw import RunningGateway, eventually, running_gateway, session_with
+from .proxy import CuttingProxy
+from .workerkit import running_worker, stored, wait_event
 
 RUN = "run_t"
 T0 = 1_760_000_000_000  # ms: the run's start
@@ -225,7 +248,7 @@ def _assembled(chunks: list[bytes]) -> tuple[str, str, list[tuple[str, str, str]
     return msg.content or "", msg.to_dict().get("reasoning_content", ""), calls  # type: ignore[return-value]
 
 
-def _expected(evs: list[events.Event]) -> tuple[str, str, list[tuple[str, str, str]]]:
+def _expected(evs: Sequence[events.Event]) -> tuple[str, str, list[tuple[str, str, str]]]:
     text = "".join(e.delta for e in evs if isinstance(e, events.TextDelta))
     thought = "".join(e.delta for e in evs if isinstance(e, events.ReasoningDelta))
     calls = {e.tool_call_id: [e.tool_name, ""] for e in evs if isinstance(e, events.ToolCallStart)}
@@ -248,3 +271,344 @@ def test_a_cut_after_any_chunk_resumed_from_the_last_seq_loses_and_doubles_nothi
         assert _assembled([w.data for w in seen + rest]) == want, k
         got = [w.seq for w in seen + rest if w.seq is not None]
         assert got == list(range(1, len(evs) + 1)), k
+
+
+# -- the real SDK (`openai`, max_retries=0) against real gateways and a real worker
+
+
+class _Tap(httpx2.AsyncHTTPTransport):
+    """The HTTP transport, keeping each response body as the SDK reads it
+    (so a test sees the heartbeats and framing lines the SDK parsed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[bytearray] = []
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        resp = await super().handle_async_request(request)
+        body = bytearray()
+        self.bodies.append(body)
+        return httpx2.Response(resp.status_code, headers=resp.headers,
+                               stream=_Recorded(resp.stream, body), extensions=resp.extensions)  # fmt: skip
+
+
+class _Recorded(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any, into: bytearray) -> None:
+        self.inner, self.into = inner, into
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self.inner:
+            self.into += part
+            yield part
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def _sdk(base: str, token: str) -> AsyncIterator[tuple[AsyncOpenAI, _Tap]]:
+    tap = _Tap()
+    client = AsyncOpenAI(base_url=base, api_key=token, max_retries=0,
+                         http_client=DefaultAsyncHttpxClient(transport=tap))  # fmt: skip
+    try:
+        yield client, tap
+    finally:
+        await client.close()
+
+
+def _on_session(gw: RunningGateway, sid: str) -> str:
+    return f"{gw.url}/v1/compat/openai/sessions/{sid}"
+
+
+def _on_run(url: str, run_id: str) -> str:
+    return f"{url}/v1/compat/openai/runs/{run_id}"
+
+
+def _ask(text: str) -> list[ChatCompletionMessageParam]:
+    return [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+
+
+ASK = _ask("hello")  # what an attaching client sends: required by the SDK, ignored
+
+
+class _Reader:
+    """One client's view: the SDK's accumulator fed every chunk of every
+    answer (a resumed answer appends to it), and every `extra` seen."""
+
+    def __init__(self) -> None:
+        self.state = ChatCompletionStreamState()
+        self.extras: list[dict[str, Any]] = []
+
+    @property
+    def cursor(self) -> int:
+        return max([x["seq"] for x in self.extras if "seq" in x], default=0)
+
+    def take(self, chunk: ChatCompletionChunk) -> dict[str, Any]:
+        self.state.handle_chunk(chunk)
+        assert chunk.model_extra is not None
+        x: dict[str, Any] = chunk.model_extra["extra"]
+        self.extras.append(x)
+        return x
+
+    async def read(self, stream: AsyncStream[ChatCompletionChunk]) -> None:
+        async for chunk in stream:
+            self.take(chunk)
+
+    def assembled(self) -> tuple[str, str, list[tuple[str, str, str]]]:
+        msg = self.state.get_final_completion().choices[0].message
+        calls = [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        return msg.content or "", msg.to_dict().get("reasoning_content", ""), calls  # type: ignore[return-value]
+
+    def seqs(self) -> list[int]:
+        return [x["seq"] for x in self.extras if "seq" in x]
+
+
+async def _log(b: Broker, run_id: str) -> list[events.AnyEvent]:
+    await wait_event(b, run_id, "run_end")
+    return await stored(b, run_id)
+
+
+def _assert_framing(body: bytes) -> None:
+    """What the SDK's decoder survives: `data:` lines and comments, LF only;
+    never an `id:` or `retry:` line."""
+    assert b"\r" not in body
+    fields = {line.split(b":", 1)[0] for line in body.split(b"\n") if line}
+    assert fields <= {b"data", b""}, fields  # b"": a comment (": hb")
+
+
+async def test_a_full_run_with_an_approval_decided_through_runlog_while_the_stream_waits(
+    settings: Settings, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_worker(settings) as (b, _), running_gateway(
+        settings, sse_heartbeat_s=0.2
+    ) as gw:  # fmt: skip
+        sid = await session_with(http, gw, "alice", bob="approver")
+        reader = _Reader()
+        decisions: list[int] = []
+
+        async def decide(confirm: dict[str, Any], body: bytearray, at: int) -> None:
+            # The stream stays open through the wait: heartbeats, then the decision.
+            await eventually(lambda: body[at:].count(b": hb\n\n") >= 2, 30, "two heartbeats")
+            assert confirm["decide"]["method"] == "POST"
+            async with http.post(gw.url + confirm["decide"]["path"], json={"decision": "approve"},
+                                 headers=gw.headers("bob")) as r:  # fmt: skip
+                decisions.append(r.status)
+
+        async with _sdk(_on_session(gw, sid), gw.token("alice")) as (client, tap):
+            stream = await client.chat.completions.create(
+                model="", messages=_ask("Tell me about approvals"), stream=True,
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            run_id = stream.response.headers["x-runlog-run-id"]
+            deciding: list[asyncio.Task[None]] = []
+            async for chunk in stream:
+                x = reader.take(chunk)
+                if x["kind"] == "confirm_request":
+                    body = tap.bodies[0]
+                    deciding.append(asyncio.create_task(decide(x["confirm"], body, len(body))))
+            await asyncio.gather(*deciding)
+        log = await _log(b, run_id)
+        assert decisions == [201]
+        # reasoning_content is exactly the reasoning deltas: no status or tool text.
+        assert reader.assembled() == _expected(log)
+        assert reader.seqs() == list(range(1, len(log) + 1))
+        _, thought, calls = reader.assembled()
+        assert thought and [n for _, n, _ in calls] == ["search_docs", "send_message"]
+        kinds = [x["kind"] for x in reader.extras]
+        assert kinds.count("confirm_request") == 1 and kinds[-2:] == ["status", "status"]
+        assert [x["status"]["code"] for x in reader.extras[-2:]] == ["run_end", "usage"]
+        final = reader.state.get_final_completion()
+        end = log[-1]
+        assert isinstance(end, events.RunEnd) and end.usage is not None
+        assert final.choices[0].finish_reason == "stop"
+        assert final.usage is not None
+        assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (
+            end.usage.input_tokens, end.usage.output_tokens,
+        )  # fmt: skip
+        assert final.id == f"chatcmpl-{run_id}" and final.model == "scripted-demo"
+        decided = [x for x in reader.extras if x["kind"] == "status"
+                   and x["status"]["code"] == "approval_decided"]  # fmt: skip
+        assert [(d["status"]["decision"], d["status"]["decided_by"]) for d in decided] == [
+            ("approve", "bob")
+        ]
+        [body] = tap.bodies
+        _assert_framing(bytes(body))
+        assert body.endswith(b"data: [DONE]\n\n")
+        assert not [r for r in caplog.records if r.name.startswith("openai")
+                    and r.levelno >= logging.WARNING]  # fmt: skip
+
+
+async def test_a_cut_mid_tool_args_resumed_elsewhere_from_the_last_extra_seq(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings, scripted_tokens_per_s=20.0) as (b, _), \
+            running_gateway(settings) as gw_a, running_gateway(settings) as gw_b:  # fmt: skip
+        sid = await session_with(http, gw_a, "alice")
+        proxy = CuttingProxy.in_front_of(gw_a.url)
+        await proxy.start()
+        reader = _Reader()
+        try:
+            url = f"http://127.0.0.1:{proxy.port}"
+            async with _sdk(url + f"/v1/compat/openai/sessions/{sid}", gw_a.token("alice")) as (
+                client, _,
+            ):  # fmt: skip
+                stream = await client.chat.completions.create(
+                    model="", messages=_ask("no approval please"), stream=True
+                )
+                run_id = stream.response.headers["x-runlog-run-id"]
+                with pytest.raises(APIConnectionError):
+                    async for chunk in stream:
+                        x = reader.take(chunk)
+                        if x["kind"] == "tool_call" and x["tool"]["status"] == "arguments":
+                            proxy.partition()  # mid tool args: the body is cut
+        finally:
+            await proxy.stop()
+        cut_at, seen = reader.cursor, len(reader.extras)
+        args_seen = [x for x in reader.extras if x["kind"] == "tool_call"]
+        assert args_seen and args_seen[-1]["tool"]["status"] == "arguments"
+        # Resume on the other gateway, the cursor in Last-Event-ID.
+        async with _sdk(_on_run(gw_b.url, run_id), gw_b.token("alice")) as (client, _):
+            stream = await client.chat.completions.create(
+                model="", messages=ASK, stream=True,
+                extra_headers={"Last-Event-ID": str(cut_at)},
+            )  # fmt: skip
+            await reader.read(stream)
+        log = await _log(b, run_id)
+        assert cut_at < len(log)
+        end = log[-1]  # the cut did not stop the run
+        assert isinstance(end, events.RunEnd) and end.status == "completed"
+        resumed = reader.extras[seen]["status"]
+        assert (resumed["code"], resumed["after"]) == ("resume", cut_at)
+        assert reader.seqs() == list(range(1, len(log) + 1))  # nothing lost, nothing doubled
+        assert reader.assembled() == _expected(log)
+
+
+async def test_an_ended_run_through_the_sdk_stream_helper_and_every_cursor_channel(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings) as (b, _), running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice", carol="viewer")
+        run_id = await b.start_run(sid, "alice", input="no approval please")
+        log = await _log(b, run_id)
+        async with _sdk(_on_run(gw.url, run_id), gw.token("carol")) as (client, tap):
+            async with client.chat.completions.stream(
+                model="", messages=ASK, stream_options={"include_usage": True}
+            ) as s:
+                async for _ in s:
+                    pass
+                final = await s.get_final_completion()
+            msg = final.choices[0].message
+            calls = [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+            assert (msg.content, msg.to_dict()["reasoning_content"], calls) == _expected(log)
+            assert final.choices[0].finish_reason == "stop" and final.usage is not None
+            _assert_framing(bytes(tap.bodies[0]))
+            # The cursor from each channel the SDK can send; the largest wins.
+            firsts = []
+            for header, query, body in (({"Last-Event-ID": "5"}, None, None),
+                                        (None, {"after": 5}, None),
+                                        (None, None, {"runlog": {"after": 5}}),
+                                        (None, {"after": 2}, {"runlog": {"after": 5}})):  # fmt: skip
+                r = _Reader()
+                stream = await client.chat.completions.create(
+                    model="", messages=ASK, stream=True, extra_headers=header, extra_query=query,
+                    extra_body=body,
+                )  # fmt: skip
+                await r.read(stream)
+                firsts.append((r.extras[0]["status"], r.seqs()[0], r.seqs()[-1]))
+            resume = {"code": "resume", "after": 5, "open": firsts[0][0]["open"]}
+            assert firsts == [(resume, 6, len(log))] * 4
+            # From the end of an ended run: the terminal answer again.
+            r = _Reader()
+            await r.read(await client.chat.completions.create(
+                model="", messages=ASK, stream=True, extra_query={"after": len(log)}))  # fmt: skip
+            assert [x["status"]["code"] for x in r.extras] == ["resume", "run_end"]
+            assert r.state.get_final_completion().choices[0].finish_reason == "stop"
+
+
+async def test_a_stop_through_runlog_interrupt_ends_the_stream_with_the_partial_answer(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings, scripted_tokens_per_s=100.0) as (b, _), \
+            running_gateway(settings) as gw:  # fmt: skip
+        sid = await session_with(http, gw, "alice")
+        reader = _Reader()
+        async with _sdk(_on_session(gw, sid), gw.token("alice")) as (client, _):
+            stream = await client.chat.completions.create(
+                model="", messages=_ask("a long story"), stream=True
+            )
+            stopped: list[int] = []
+            async for chunk in stream:
+                x = reader.take(chunk)
+                if x["kind"] == "assistant_text" and not stopped:
+                    async with http.post(f"{gw.url}/v1/runs/{x['run_id']}/interrupt",
+                                         json={"reason": "enough"},
+                                         headers=gw.headers("alice")) as r:  # fmt: skip
+                        stopped.append(r.status)
+        run_id = reader.extras[0]["run_id"]
+        log = await _log(b, run_id)
+        assert stopped == [202]
+        end = log[-1]
+        assert isinstance(end, events.RunEnd) and end.status == "aborted"
+        codes = [x["status"]["code"] for x in reader.extras if x["kind"] == "status"]
+        assert codes[-2:] == ["interrupt_requested", "run_end"]
+        assert reader.extras[-1]["status"]["run_status"] == "aborted"
+        assert reader.extras[-1]["status"]["stop"]["requested_by"] == "alice"
+        assert reader.state.get_final_completion().choices[0].finish_reason == "stop"
+        assert reader.assembled() == _expected(log)
+        assert 0 < len(reader.assembled()[0]) < 2000  # partial: the long answer was cut short
+
+
+async def test_a_second_user_on_another_gateway_follows_the_same_run(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings, scripted_tokens_per_s=100.0) as (b, _), \
+            running_gateway(settings) as gw_a, running_gateway(settings) as gw_b:  # fmt: skip
+        sid = await session_with(http, gw_a, "alice", carol="viewer")
+        alice, carol = _Reader(), _Reader()
+        async with _sdk(_on_session(gw_a, sid), gw_a.token("alice")) as (ca, _):
+            stream = await ca.chat.completions.create(
+                model="", messages=_ask("no approval please"), stream=True
+            )
+            run_id = stream.response.headers["x-runlog-run-id"]
+            async with _sdk(_on_run(gw_b.url, run_id), gw_b.token("carol")) as (cc, _):
+                joined = await cc.chat.completions.create(model="", messages=ASK, stream=True)
+                await asyncio.gather(alice.read(stream), carol.read(joined))
+        log = await _log(b, run_id)
+        assert alice.assembled() == carol.assembled() == _expected(log)
+        assert alice.seqs() == carol.seqs() == list(range(1, len(log) + 1))
+
+
+async def test_refusals_come_as_the_sdk_s_errors_and_start_nothing(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings), running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice")
+        async with _sdk(_on_session(gw, sid), gw.token("alice")) as (client, _):
+            with pytest.raises(BadRequestError) as bad:
+                await client.chat.completions.create(model="", messages=_ask("hi"))
+            assert (bad.value.code, bad.value.status_code) == ("invalid_request", 400)
+            with pytest.raises(BadRequestError) as bad:
+                await client.chat.completions.create(
+                    model="", messages=[{"role": "system", "content": "x"}], stream=True
+                )
+            assert bad.value.code == "invalid_request"
+        async with http.get(f"{gw.url}/v1/sessions/{sid}", headers=gw.headers("alice")) as r:
+            assert (await r.json())["runs"] == []
+        async with _sdk(_on_session(gw, sid), gw.token("mallory")) as (client, _):
+            with pytest.raises(PermissionDeniedError) as denied:
+                await client.chat.completions.create(model="", messages=_ask("hi"), stream=True)
+            assert denied.value.code == "not_a_member"
+        async with _sdk(_on_session(gw, sid), "not-a-token") as (client, _):
+            with pytest.raises(AuthenticationError):
+                await client.chat.completions.create(model="", messages=_ask("hi"), stream=True)
+        # A failed run: the error frame is the SDK's APIError, with runlog's code.
+        async with _sdk(_on_session(gw, sid), gw.token("alice")) as (client, _):
+            stream = await client.chat.completions.create(
+                model="", messages=_ask("please fail model"), stream=True
+            )
+            reader = _Reader()
+            with pytest.raises(APIError) as failed:
+                await reader.read(stream)
+        assert failed.value.code == "model_unavailable"
+        assert isinstance(failed.value.body, dict)
+        assert failed.value.body["seq"] == reader.cursor + 1
