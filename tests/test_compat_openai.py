@@ -37,7 +37,7 @@ from broker.settings import Settings
 from gateway.compat.base import Context, Wire
 from gateway.compat.openai import OpenAIChunks
 
-from .gw import RunningGateway, eventually, running_gateway, session_with
+from .gw import RunningGateway, eventually, running_gateway, session_with, write_run
 from .proxy import CuttingProxy
 from .workerkit import running_worker, stored, wait_event
 
@@ -612,3 +612,41 @@ async def test_refusals_come_as_the_sdk_s_errors_and_start_nothing(
         assert failed.value.code == "model_unavailable"
         assert isinstance(failed.value.body, dict)
         assert failed.value.body["seq"] == reader.cursor + 1
+
+
+async def test_bad_requests_get_coded_errors_before_anything_starts(
+    settings: Settings, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    async with running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice")
+        run_id, _ = await write_run(broker, sid, 3)
+        new, join = _on_session(gw, sid) + "/chat/completions", _on_run(gw.url, run_id)
+        join += "/chat/completions"
+        user = [{"role": "user", "content": "hi"}]
+        image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+        rows: list[tuple[str, Any, dict[str, str], int, str]] = [
+            (new, b"{not json", {}, 400, "invalid_request"),
+            (new, {"stream": True, "messages": image}, {}, 400, "invalid_request"),
+            (new, {"stream": True, "messages": [{"role": "user", "content": "a\u0000b"}]}, {},
+             400, "invalid_request"),
+            (new, {"stream": "yes", "messages": user}, {}, 400, "invalid_request"),
+            (new, {"stream": True, "messages": user, "model": "gpt-x"}, {}, 400,
+             "model_not_allowed"),
+            (new, {"stream": True, "messages": "x" * (settings.max_message_bytes + 1)}, {},
+             413, "payload_too_large"),
+            (join, {"stream": True, "messages": [], "runlog": {"after": -1}}, {}, 400,
+             "invalid_request"),
+            (join, {"stream": True, "messages": [], "runlog": {"cursor": 1}}, {}, 400,
+             "invalid_request"),
+            (join, {"stream": True, "messages": []}, {"Last-Event-ID": "²"}, 400,
+             "invalid_cursor"),
+            (join + "?after=99", {"stream": True, "messages": []}, {}, 400, "invalid_cursor"),
+        ]  # fmt: skip
+        got = []
+        for url, body, headers, _, _ in rows:
+            kw: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
+            async with http.post(url, headers={**gw.headers("alice"), **headers}, **kw) as r:
+                got.append((r.status, (await r.json())["error"]["code"]))
+        assert got == [(status, code) for *_, status, code in rows]
+        async with http.get(f"{gw.url}/v1/sessions/{sid}", headers=gw.headers("alice")) as r:
+            assert [run["run_id"] for run in (await r.json())["runs"]] == [run_id]
