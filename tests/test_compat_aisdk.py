@@ -8,15 +8,22 @@ against real gateways and a real worker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from broker import events
+from broker.settings import Settings
 from gateway.compat.aisdk import AiSdkProjection
 from gateway.compat.base import Context
+
+from .gw import RunningGateway, running_gateway, session_with
+from .workerkit import of, running_worker, stored, text_of, wait_event
 
 CLIENTS = Path(__file__).parent / "clients"
 AI_DIST = CLIENTS / "node_modules" / "ai" / "dist" / "index.js"
@@ -145,7 +152,7 @@ def test_an_undecided_approval_ends_the_answer_with_the_native_interrupt() -> No
           "reason": "send it?"}, None),
         ({"type": "finish-step"}, None),
         ({"type": "finish", "finishReason": "tool-calls",
-          "messageMetadata": {"runlog": {"status": "waiting_approval", "approval_id": "ap1"}}},
+          "messageMetadata": {"runlog": {"status": "waiting_approval"}}},
          15),
     ]  # fmt: skip
     assert done
@@ -411,3 +418,296 @@ def test_nothing_unknown_to_the_clients_chunk_union() -> None:
                 sent |= {c["type"] for c in chunks(answer(evs, cursor, decided)[0])}
     unknown = {t for t in sent if t not in known and not t.startswith("data-")}
     assert unknown == set()
+
+
+# -- the routes, with the real client against real gateways and a real worker
+
+PREFIX = "/v1/compat/ai-sdk"
+
+
+async def chat(gw: RunningGateway, user: str, api: str, steps: list[dict[str, Any]],
+               **opts: Any) -> dict[str, Any]:  # fmt: skip
+    """One node process: an AbstractChat driven through `steps` (aisdk.mjs)."""
+    req = {"mode": "chat", "base": gw.url, "token": gw.token(user), "api": api,
+           "steps": steps, **opts}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        "node", str(CLIENTS / "aisdk.mjs"), cwd=CLIENTS,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(120):
+            out, err = await proc.communicate(json.dumps(req).encode())
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-4000:]
+    got: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return got
+
+
+def log_message(evs: list[events.AnyEvent]) -> dict[str, Any]:
+    """What the chat's assistant message must hold, read from the log."""
+    args: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for e in evs:
+        if isinstance(e, events.ToolCallStart):
+            names[e.tool_call_id], args[e.tool_call_id] = e.tool_name, ""
+        elif isinstance(e, events.ToolArgsDelta):
+            args[e.tool_call_id] += e.partial_json
+    return {
+        "id": evs[0].run_id,
+        "text": text_of(evs),
+        "reasoning": "".join(e.delta for e in of(evs, events.ReasoningDelta)),
+        "tools": [(c, names[c], json.loads(a)) for c, a in args.items()],
+    }
+
+
+def chat_message(m: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": m["id"],
+        "text": m["text"],
+        "reasoning": m["reasoning"],
+        "tools": [(t["toolCallId"], t["toolName"], t["input"]) for t in m["tools"]],
+    }
+
+
+def clean(out: dict[str, Any]) -> None:
+    """The client reported no validation error and logged no warning."""
+    assert (out["errors"], out["warnings"], out["error"]) == ([], [], None)
+
+
+async def test_a_full_run_with_an_approval_through_the_chat(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    """A session-keyed chat sends a message (a new run), the answer stops at
+    the approval (the chat's native interrupt), `addToolApprovalResponse` +
+    `sendAutomaticallyWhen` answer it, and the message ends equal to the log."""
+    async with running_worker(settings) as (b, _), running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice", bob="approver")
+        out = await chat(gw, "alice", f"{PREFIX}/sessions/{sid}", [
+            {"do": "send", "text": "tell me about runlog"}, {"do": "settle"},
+            {"do": "approve", "approved": True, "reason": "fine"},
+        ], sessionReconnect=True, lastOnly=True)  # fmt: skip
+        clean(out)
+        (msg,) = out["messages"]
+        evs = await stored(b, msg["id"])
+        assert chat_message(msg) == log_message(evs)
+        assert msg["text"].startswith("Let me look that up in the docs.")
+        assert [(t["toolName"], t["state"]) for t in msg["tools"]] == [
+            ("search_docs", "output-available"), ("send_message", "output-available")
+        ]  # fmt: skip
+        (req,) = of(evs, events.ApprovalRequired)
+        assert msg["tools"][1]["approval"] == {"id": req.approval_id, "requestReason": req.summary,
+                                               "approved": True, "reason": "fine"}  # fmt: skip
+        (dec,) = of(evs, events.ApprovalDecided)
+        assert (dec.decision, dec.decided_by, dec.comment) == ("approve", "alice", "fine")
+        assert msg["steps"] == 3 and msg["metadata"]["runlog"]["status"] == "completed"
+        assert [f["finishReason"] for f in out["finishes"]] == ["tool-calls", "stop"]
+        assert [(r["method"], r["url"].removeprefix(gw.url)) for r in out["requests"]] == [
+            ("POST", f"{PREFIX}/sessions/{sid}"), ("POST", f"{PREFIX}/sessions/{sid}")
+        ]  # fmt: skip
+        assert out["statuses"] == [200, 200]
+        assert {h["x-vercel-ai-ui-message-stream"] for h in out["headers"]} == {"v1"}
+
+
+async def _start_run(http: aiohttp.ClientSession, gw: RunningGateway, sid: str, text: str) -> str:
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/runs", json={"input": text},
+                         headers=gw.headers("alice")) as r:  # fmt: skip
+        assert r.status == 202, await r.text()
+        run_id: str = (await r.json())["run_id"]
+    return run_id
+
+
+async def _frames(http: aiohttp.ClientSession, gw: RunningGateway, path: str,
+                  headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
+    async with http.get(gw.url + path, headers={**gw.headers("alice"), **(headers or {})}) as r:
+        return r.status, await r.read()
+
+
+def _chunks_of(body: bytes) -> list[tuple[int | None, Any]]:
+    """(id, data) of each SSE frame (data: a chunk, or "[DONE]")."""
+    out: list[tuple[int | None, Any]] = []
+    for frame in body.decode().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in frame.split("\n") if ": " in line
+                      and not line.startswith(":"))  # fmt: skip
+        if "data" in fields:
+            data = fields["data"]
+            seq = int(fields["id"]) if "id" in fields else None
+            out.append((seq, data if data == "[DONE]" else json.loads(data)))
+    return out
+
+
+async def test_a_cut_mid_stream_resumes_with_nothing_lost_or_doubled(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    """`resumeStream()` after a cut replays the run into the same message:
+    a live run cut mid text, an ended one cut mid tool arguments."""
+    async with running_worker(settings, scripted_tokens_per_s=300.0) as (b, _), \
+            running_gateway(settings) as gw:  # fmt: skip
+        sid = await session_with(http, gw, "alice")
+        live = await _start_run(http, gw, sid, "a long answer please")
+        out = await chat(gw, "alice", f"{PREFIX}/runs", [
+            {"do": "cut", "after": 4000}, {"do": "resume"}, {"do": "resume"},
+        ], chatId=live)  # fmt: skip
+        assert [s["status"] for s in out["log"][1:]] == ["error", "ready"]
+        assert (out["errors"], out["warnings"]) == (["terminated"], [])
+        evs = await stored(b, live)
+        (msg,) = out["messages"]
+        assert chat_message(msg) == log_message(evs)
+        assert len(msg["text"]) > 4000  # the cut was mid text, long before the end
+
+        ended = await _start_run(http, gw, sid, "tell me about runlog, no approval")
+        await wait_event(b, ended, "run_end")
+        status, body = await _frames(http, gw, f"{PREFIX}/runs/{ended}/stream")
+        assert status == 200
+        # Cut inside the second tool-input-delta frame.
+        at = [m.start() for m in re.finditer(rb'"type":"tool-input-delta"', body)][1]
+        out = await chat(gw, "alice", f"{PREFIX}/runs", [
+            {"do": "cut", "after": at + 10}, {"do": "resume"}, {"do": "resume"},
+        ], chatId=ended)  # fmt: skip
+        assert (out["errors"], out["warnings"]) == (["terminated"], [])
+        (msg,) = out["messages"]
+        assert chat_message(msg) == log_message(await stored(b, ended))
+        assert msg["tools"][0]["state"] == "output-available"
+
+
+async def test_an_ended_run_replayed_continued_and_asked_from_its_end(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings) as (b, _), running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice")
+        run_id = await _start_run(http, gw, sid, "tell me about runlog, no approval")
+        await wait_event(b, run_id, "run_end")
+        evs = await stored(b, run_id)
+        head = evs[-1].seq
+        # A fresh chat attaches to the run: the whole message.
+        out = await chat(gw, "alice", f"{PREFIX}/runs", [{"do": "resume"}], chatId=run_id)
+        clean(out)
+        (msg,) = out["messages"]
+        assert chat_message(msg) == log_message(evs)
+        assert [f["finishReason"] for f in out["finishes"]] == ["stop"]
+        # The whole stream: start first, every seq once in order, [DONE] last.
+        status, body = await _frames(http, gw, f"{PREFIX}/runs/{run_id}/stream")
+        frames = _chunks_of(body)
+        assert (status, frames[0][1]["type"], frames[0][1]["messageId"]) == (200, "start", run_id)
+        assert [s for s, _ in frames if s is not None] == list(range(1, head + 1))
+        assert frames[-1] == (None, "[DONE]")
+        # From a cursor (Last-Event-ID or ?after): a continuation, opening with start.
+        k = head - 3
+        for headers, query in (({"Last-Event-ID": str(k)}, ""), ({}, f"?after={k}")):
+            status, body = await _frames(http, gw, f"{PREFIX}/runs/{run_id}/stream{query}",
+                                         headers)  # fmt: skip
+            frames = _chunks_of(body)
+            assert frames[0][1]["type"] == "start"
+            assert [s for s, _ in frames if s is not None] == list(range(k + 1, head + 1))
+        # From its end: 204, the client's "no active stream".
+        for query in (f"?after={head}", f"?after={head + 5}"):
+            assert (await _frames(http, gw, f"{PREFIX}/runs/{run_id}/stream{query}"))[0] == 204
+        assert (await _frames(http, gw, f"{PREFIX}/sessions/{sid}/stream"))[0] == 204
+        out = await chat(gw, "alice", f"{PREFIX}/sessions/{sid}", [{"do": "resume"}],
+                         sessionReconnect=True)  # fmt: skip
+        assert (out["messages"], out["statuses"], out["status"]) == ([], [204], "ready")
+
+
+async def test_a_stop_is_runlogs_interrupt_and_a_closed_chat_stops_nothing(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings, scripted_tokens_per_s=100.0) as (b, _), \
+            running_gateway(settings) as gw:  # fmt: skip
+        sid = await session_with(http, gw, "alice")
+        run_id = await _start_run(http, gw, sid, "a long answer please")
+        # The session's stream is its active run's, replayed whole.
+        async with http.get(f"{gw.url}{PREFIX}/sessions/{sid}/stream",
+                            headers=gw.headers("alice")) as r:  # fmt: skip
+            first = await r.content.readuntil(b"\n\n")
+        assert json.loads(first.removeprefix(b"data: "))["messageId"] == run_id
+        out = await chat(gw, "alice", f"{PREFIX}/runs", [
+            {"do": "resume-bg"}, {"do": "wait", "text": 40}, {"do": "stop"},
+            {"do": "run-status"}, {"do": "interrupt"}, {"do": "resume"},
+        ], chatId=run_id)  # fmt: skip
+        clean(out)
+        assert [s.get("status") for s in out["log"][2:5]] == ["ready", "running", 202]
+        assert out["finishes"][0]["isAbort"] is True
+        evs = await stored(b, run_id)
+        assert evs[-1].status == "aborted"  # type: ignore[union-attr]
+        (msg,) = out["messages"]
+        assert chat_message(msg) == log_message(evs)
+        assert msg["metadata"]["runlog"]["status"] == "aborted"
+        assert out["finishes"][-1]["finishReason"] == "other"
+        assert {"type": "data-runlog-interrupt-requested",
+                "data": {"requested_by": "alice", "reason": "enough"}} in out["data"]  # fmt: skip
+
+
+async def test_another_user_on_another_gateway_follows_and_answers_the_same_run(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    """Alice's chat on one gateway stops at the approval; Bob's chat on
+    another attaches to the run, approves through his chat, and sees it to
+    the end; Alice's next attach replays the same message."""
+    async with running_worker(settings) as (b, _), running_gateway(settings) as gw1, \
+            running_gateway(settings) as gw2:  # fmt: skip
+        sid = await session_with(http, gw1, "alice", bob="approver")
+        first = await chat(gw1, "alice", f"{PREFIX}/sessions/{sid}", [
+            {"do": "send", "text": "tell me about runlog"}, {"do": "settle"},
+        ], sessionReconnect=True)  # fmt: skip
+        clean(first)
+        (waiting,) = first["messages"]
+        assert waiting["tools"][-1]["state"] == "approval-requested"
+        run_id = waiting["id"]
+        bob = await chat(gw2, "bob", f"{PREFIX}/runs", [
+            {"do": "resume"}, {"do": "approve", "approved": False, "reason": "not now"},
+        ], chatId=run_id)  # fmt: skip
+        clean(bob)
+        assert [(r["method"], r["url"].removeprefix(gw2.url)) for r in bob["requests"]] == [
+            ("GET", f"{PREFIX}/runs/{run_id}/stream"), ("POST", f"{PREFIX}/runs")
+        ]  # fmt: skip
+        alice = await chat(gw1, "alice", f"{PREFIX}/runs", [{"do": "resume"}], chatId=run_id)
+        clean(alice)
+        evs = await stored(b, run_id)
+        (dec,) = of(evs, events.ApprovalDecided)
+        assert (dec.decision, dec.decided_by, dec.comment) == ("reject", "bob", "not now")
+        assert "I did not send the message" in text_of(evs)
+        (bob_msg,), (alice_msg,) = bob["messages"], alice["messages"]
+        assert chat_message(bob_msg) == chat_message(alice_msg) == log_message(evs)
+        assert bob_msg["parts"] == alice_msg["parts"]
+        assert bob_msg["tools"][-1]["state"] == alice_msg["tools"][-1]["state"] == "output-denied"
+
+
+async def test_a_conflicting_answer_is_409_and_a_viewer_cannot_answer(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings) as (b, _), running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice", bob="approver", vic="viewer")
+        out = await chat(gw, "alice", f"{PREFIX}/sessions/{sid}", [
+            {"do": "send", "text": "tell me about runlog"}, {"do": "settle"},
+            {"do": "decide-as", "token": gw.token("bob"), "decision": "reject"},
+            {"do": "approve", "approved": True},
+        ])  # fmt: skip
+        assert out["log"][2]["status"] == 201
+        assert (out["statuses"], out["status"]) == ([200, 409], "error")
+        assert "approval_conflict" in out["error"]
+        run_id = out["messages"][0]["id"]
+        await wait_event(b, run_id, "run_end")
+        (dec,) = of(await stored(b, run_id), events.ApprovalDecided)
+        assert (dec.decision, dec.decided_by) == ("reject", "bob")
+        # The same answer again is a repeat, not a conflict: the rest streams.
+        (req,) = of(await stored(b, run_id), events.ApprovalRequired)
+        tool = {"type": "dynamic-tool", "toolCallId": req.tool_call_id, "toolName": "send_message",
+                "state": "approval-responded",
+                "approval": {"id": req.approval_id, "approved": False}}  # fmt: skip
+        body = {"id": run_id, "trigger": "submit-message", "messageId": run_id,
+                "messages": [{"id": run_id, "role": "assistant", "parts": [tool]}]}  # fmt: skip
+        async with http.post(f"{gw.url}{PREFIX}/runs", json=body, headers=gw.headers("bob")) as r:
+            frames = _chunks_of(await r.read())
+            assert (r.status, r.headers["x-vercel-ai-ui-message-stream"]) == (200, "v1")
+        assert [c["type"] for _, c in frames[:3]] == [
+            "start", "tool-approval-response", "tool-output-denied"
+        ]  # fmt: skip
+        assert frames[1][0] == req.seq + 1 and frames[-1] == (None, "[DONE]")
+        async with http.post(f"{gw.url}{PREFIX}/runs", json=body, headers=gw.headers("vic")) as r:
+            assert (r.status, (await r.json())["error"]["code"]) == (403, "forbidden")
+        body["messages"][0]["parts"] = [{"type": "text", "text": "hi"}]
+        async with http.post(f"{gw.url}{PREFIX}/runs", json=body, headers=gw.headers("bob")) as r:
+            assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_request")

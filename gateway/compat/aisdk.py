@@ -268,8 +268,12 @@ class AiSdkProjection(Projection):
         # Undecided: the answer ends with the client's interrupt; the chat's
         # own answer (POST) continues the run from here.
         self.done = True
-        runlog = {"status": "waiting_approval", "approval_id": ev.approval_id}
-        return [chunk, {"type": "finish-step"}, _finish("tool-calls", runlog)]
+        # (The client merges metadata: nothing here that the end would not overwrite.)
+        return [
+            chunk,
+            {"type": "finish-step"},
+            _finish("tool-calls", {"status": "waiting_approval"}),
+        ]
 
     def _decided(self, ev: events.ApprovalDecided) -> Chunk:
         if ev.approval_id not in self._st.requested:

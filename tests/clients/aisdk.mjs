@@ -154,97 +154,113 @@ function cuttingFetch(state) {
   };
 }
 
-async function chatMode({ base, token, chatId, api, steps, sessionReconnect }) {
+async function chatMode({ base, token, chatId, api, steps, sessionReconnect, lastOnly }) {
   const state = { requests: [], statuses: [], headers: [], cutAfter: null };
-  const data = [];
-  const finishes = [];
-  const errors = [];
+  const seen = { data: [], finishes: [], errors: [] };
   const transport = new DefaultChatTransport({
     api: base + api,
     headers: { Authorization: "Bearer " + token },
     fetch: cuttingFetch(state),
+    // The docs' quickstart for a session-keyed chat (docs/compat.md).
     ...(sessionReconnect
       ? { prepareReconnectToStreamRequest: ({ api: a }) => ({ api: a + "/stream" }) }
+      : {}),
+    ...(lastOnly
+      ? {
+          prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
+            body: { id, messages: messages.slice(-1), trigger, messageId },
+          }),
+        }
       : {}),
   });
   const chat = new Chat({
     id: chatId,
     transport,
     sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
-    onData: (d) => data.push(d),
-    onFinish: (f) => finishes.push({ finishReason: f.finishReason ?? null, isAbort: f.isAbort, isError: f.isError }),
-    onError: (e) => errors.push(String(e.message ?? e)),
+    onData: (d) => seen.data.push({ type: d.type, data: d.data }),
+    onFinish: (f) =>
+      seen.finishes.push({ finishReason: f.finishReason ?? null, isAbort: f.isAbort, isError: f.isError }),
+    onError: (e) => seen.errors.push(String(e.message ?? e)),
   });
   const log = [];
-  for (const step of steps) {
-    log.push(await runStep(chat, step, state));
-  }
+  const ctx = { chat, state, seen, pending: null, token, base };
+  for (const step of steps) log.push(await runStep(ctx, step));
   return {
     log,
     messages: summary(chat),
     status: chat.status,
     error: chat.error ? String(chat.error.message) : null,
-    data: data.map((d) => ({ type: d.type, data: d.data })),
-    finishes,
-    errors,
+    ...seen,
     requests: state.requests,
     statuses: state.statuses,
     headers: state.headers,
   };
 }
 
-// Each step: {do: "send", text} | {do: "resume"} | {do: "approve", approved, reason?}
-// | {do: "wait", for: "approval" | "text" | "ready", min?} | {do: "cut", after: bytes}
-// | {do: "stop"} | {do: "settle"} (await the chat's current request).
-async function runStep(chat, step, state) {
+// Steps: {do: "send", text} (not awaited) | {do: "settle"} (await it) |
+// {do: "resume"} | {do: "cut", after: bytes} (the next response is cut) |
+// {do: "approve", approved, reason?} | {do: "wait", text: n} | {do: "stop"} |
+// {do: "interrupt"} (runlog's stop, for the last assistant message's run).
+async function runStep(ctx, step) {
+  const { chat, state, seen } = ctx;
   const last = () => chat.messages.filter((m) => m.role === "assistant").at(-1);
   switch (step.do) {
     case "send":
-      chat.sendMessage({ text: step.text });
-      await until(() => chat.status !== "ready", "the request");
+      ctx.pending = chat.sendMessage({ text: step.text });
       return { did: "send" };
+    case "settle":
+      await ctx.pending;
+      return { did: "settle", status: chat.status };
     case "resume":
       await chat.resumeStream();
       return { did: "resume", status: chat.status };
     case "resume-bg":
-      chat.resumeStream();
-      await until(() => chat.status !== "ready", "the resume request");
+      ctx.pending = chat.resumeStream();
       return { did: "resume-bg" };
     case "cut":
       state.cutAfter = step.after;
       return { did: "cut" };
-    case "wait": {
-      if (step.for === "approval") {
-        await until(
-          () => chat.status === "ready" && last()?.parts.some((p) => p.state === "approval-requested"),
-          "an approval request",
-        );
-      } else if (step.for === "text") {
-        await until(() => textOf(last()).length >= (step.min ?? 1), "text");
-      } else if (step.for === "error") {
-        await until(() => chat.status === "error", "an error");
-      } else {
-        await until(() => chat.status === "ready" || chat.status === "error", "ready");
-      }
-      return { did: "wait", status: chat.status, text: textOf(last()) };
-    }
+    case "wait":
+      await until(() => textOf(last()).length >= step.text, `${step.text} characters of text`);
+      return { did: "wait", text: textOf(last()) };
     case "approve": {
       const part = last().parts.find((p) => p.state === "approval-requested");
+      const before = seen.finishes.length;
       await chat.addToolApprovalResponse({ id: part.approval.id, approved: step.approved, reason: step.reason });
-      await until(() => chat.status !== "ready", "the automatic send", 10000).catch(() => {});
-      await until(() => chat.status === "ready" || chat.status === "error", "the answer");
+      await until(() => seen.finishes.length > before || seen.errors.length > 0, "the answer");
+      await until(() => chat.status === "ready" || chat.status === "error", "ready");
       return { did: "approve", approvalId: part.approval.id, status: chat.status };
     }
     case "stop":
       await chat.stop();
+      await ctx.pending;
       return { did: "stop", status: chat.status, text: textOf(last()) };
     case "interrupt": {
-      const r = await fetch(step.url, {
+      const runId = last().metadata.runlog.run_id;
+      const r = await fetch(`${ctx.base}/v1/runs/${runId}/interrupt`, {
         method: "POST",
-        headers: { Authorization: "Bearer " + step.token, "content-type": "application/json" },
-        body: "{}",
+        headers: { Authorization: "Bearer " + ctx.token, "content-type": "application/json" },
+        body: JSON.stringify({ reason: "enough" }),
       });
       return { did: "interrupt", status: r.status };
+    }
+    case "decide-as": {
+      // Another member decides through runlog's REST API (a competing decision).
+      const part = last().parts.find((p) => p.state === "approval-requested");
+      const runId = last().metadata.runlog.run_id;
+      const r = await fetch(`${ctx.base}/v1/runs/${runId}/approvals/${part.approval.id}`, {
+        method: "POST",
+        headers: { Authorization: "Bearer " + step.token, "content-type": "application/json" },
+        body: JSON.stringify({ decision: step.decision }),
+      });
+      return { did: "decide-as", status: r.status };
+    }
+    case "run-status": {
+      const runId = last().metadata.runlog.run_id;
+      const r = await fetch(`${ctx.base}/v1/runs/${runId}`, {
+        headers: { Authorization: "Bearer " + ctx.token },
+      });
+      return { did: "run-status", status: (await r.json()).status };
     }
     default:
       throw new Error(`unknown step ${JSON.stringify(step)}`);
