@@ -456,9 +456,10 @@ def log_message(evs: list[events.AnyEvent]) -> dict[str, Any]:
             names[e.tool_call_id], args[e.tool_call_id] = e.tool_name, ""
         elif isinstance(e, events.ToolArgsDelta):
             args[e.tool_call_id] += e.partial_json
+    reset = {e.message_id for e in of(evs, events.MessageReset)}
     return {
         "id": evs[0].run_id,
-        "text": text_of(evs),
+        "text": "".join(e.delta for e in of(evs, events.TextDelta) if e.message_id not in reset),
         "reasoning": "".join(e.delta for e in of(evs, events.ReasoningDelta)),
         "tools": [(c, names[c], json.loads(a)) for c, a in args.items()],
     }
@@ -711,3 +712,31 @@ async def test_a_conflicting_answer_is_409_and_a_viewer_cannot_answer(
         body["messages"][0]["parts"] = [{"type": "text", "text": "hi"}]
         async with http.post(f"{gw.url}{PREFIX}/runs", json=body, headers=gw.headers("bob")) as r:
             assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_request")
+
+
+async def test_text_the_worker_resets_leaves_the_chats_message(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    """With discard_text_before_tools, a turn's text before its tool calls
+    gets a message_reset: the chat's message drops it (reset-step), live and
+    replayed, and keeps that step's reasoning."""
+    async with running_worker(settings, discard_text_before_tools=True) as (b, _), \
+            running_gateway(settings) as gw:  # fmt: skip
+        sid = await session_with(http, gw, "alice")
+        out = await chat(gw, "alice", f"{PREFIX}/sessions/{sid}", [
+            {"do": "send", "text": "tell me about runlog, no approval"}, {"do": "settle"},
+        ], sessionReconnect=True)  # fmt: skip
+        clean(out)
+        (live,) = out["messages"]
+        evs = await stored(b, live["id"])
+        assert len(of(evs, events.MessageReset)) == 1
+        replay = await chat(gw, "alice", f"{PREFIX}/runs", [{"do": "resume"}], chatId=live["id"])
+        clean(replay)
+        for msg in (live, replay["messages"][0]):
+            assert chat_message(msg) == log_message(evs)
+            assert "Let me look that up" not in msg["text"]
+            assert msg["parts"][:3] == ["step-start", "reasoning", "dynamic-tool"]
+        assert {
+            "type": "data-runlog-message-reset",
+            "data": {"message_id": of(evs, events.MessageReset)[0].message_id},
+        } in out["data"]
