@@ -709,9 +709,23 @@ async def test_a_conflicting_answer_is_409_and_a_viewer_cannot_answer(
         assert frames[1][0] == req.seq + 1 and frames[-1] == (None, "[DONE]")
         async with http.post(f"{gw.url}{PREFIX}/runs", json=body, headers=gw.headers("vic")) as r:
             assert (r.status, (await r.json())["error"]["code"]) == (403, "forbidden")
+        # Nothing to answer: no approval answered, or no new user message.
         body["messages"][0]["parts"] = [{"type": "text", "text": "hi"}]
         async with http.post(f"{gw.url}{PREFIX}/runs", json=body, headers=gw.headers("bob")) as r:
             assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_request")
+        user = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+        for messages, trigger in (
+            ([user, body["messages"][0]], "submit-message"),
+            ([user], "regenerate-message"),
+            ([], "submit-message"),
+        ):
+            async with http.post(
+                f"{gw.url}{PREFIX}/sessions/{sid}",
+                headers=gw.headers("bob"),
+                json={"messages": messages, "trigger": trigger},
+            ) as r:
+                assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_request")
+        assert len((await b.store.session_info(sid)).runs) == 1  # and nothing started
 
 
 async def test_text_the_worker_resets_leaves_the_chats_message(

@@ -136,13 +136,15 @@ async def session_message(request: web.Request) -> web.StreamResponse:
         if await gw.run_session(run_id) != sid:
             raise rest.InvalidRequest(f"run {run_id} is not in session {sid}")
         return await _continue(request, gw, p, run_id, answers)
-    users = [m for m in body.messages if m.role == "user"]
-    if not users or body.trigger != "submit-message":
+    # Only a new user message starts a run: never an older one sent again
+    # (a regenerate, or a send after a client-side tool output).
+    if not body.messages or body.messages[-1].role != "user" or body.trigger != "submit-message":
         raise rest.InvalidRequest(
-            "no user message to start a run with (trigger submit-message)",
+            "nothing to answer: the last message is neither a new user message nor an"
+            " approval answer",
             hint="a runlog run cannot be regenerated: send a new message",
         )
-    text = "".join(part.text or "" for part in users[-1].parts if part.type == "text")
+    text = "".join(part.text or "" for part in body.messages[-1].parts if part.type == "text")
     run_id = await gw.start_run(request, p.user, sid, text, body.model, streamed=True)
     return await _stream(request, gw, p, run_id, 0)
 
