@@ -188,6 +188,7 @@ def build_app(
     r.add_post("/v1/sessions", rest.create_session)
     r.add_get("/v1/sessions", rest.list_sessions)
     r.add_get("/v1/sessions/{session_id}", rest.get_session)
+    r.add_patch("/v1/sessions/{session_id}", rest.update_session)
     r.add_post("/v1/sessions/{session_id}/members", rest.add_member)
     r.add_patch("/v1/sessions/{session_id}/members/{user_id}", rest.set_member_role)
     r.add_delete("/v1/sessions/{session_id}/members/{user_id}", rest.remove_member)

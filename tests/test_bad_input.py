@@ -151,6 +151,7 @@ _BAD_IDS = {
 
 _ID_ENDPOINTS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/sessions/{sid}", None),
+    ("PATCH", "/v1/sessions/{sid}", {"include_thinking": True}),
     ("POST", "/v1/sessions/{sid}/members", {"user_id": "zed", "role": "viewer"}),
     ("POST", "/v1/sessions/{sid}/runs", {"input": "x"}),
     ("GET", "/v1/sessions/{sid}/events", None),

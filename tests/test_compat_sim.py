@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
+import pytest_asyncio
 
 from broker import events
+from broker.runtime import Broker
+from broker.settings import Settings
+from broker.store import StreamPolicy
 from gateway.compat import sim
 from gateway.compat.base import Context
 
 from .compat_logs import RUN, SESSION, answer, frames, numbered, resume_cases, scripted_log
+from .gw import RunningGateway, running_gateway
 
 
 def _proj(
@@ -146,3 +154,85 @@ def test_resume_from_every_cursor(negotiated: bool, thinking: bool, tools: bool)
 )
 def test_negotiation_header(value: str | None, ok: bool) -> None:
     assert sim.negotiated(value) is ok
+
+
+def test_asking_for_frames_without_negotiating_is_refused_never_downgraded() -> None:
+    on = StreamPolicy(True, True)
+    for thinking, tools in [(True, None), (None, True), (True, False)]:
+        with pytest.raises(sim.ProtocolNotNegotiated) as info:
+            sim.exposure(False, thinking, tools, on)
+        assert (info.value.code, info.value.http_status) == ("stream_protocol_required", 400)
+    # Not asking is no error: such a client gets settled text, whatever the policy.
+    assert sim.exposure(False, None, False, on) == {
+        "negotiated": False, "include_thinking": False, "include_tool_calls": False}  # fmt: skip
+
+
+def test_the_policy_decides_and_a_request_may_only_narrow_it() -> None:
+    def exp(policy: StreamPolicy, thinking: bool | None, tools: bool | None) -> tuple[object, ...]:
+        o = sim.exposure(True, thinking, tools, policy)
+        return o["include_thinking"], o["include_tool_calls"]
+
+    assert exp(StreamPolicy(True, True), None, None) == (True, True)
+    assert exp(StreamPolicy(True, True), False, None) == (False, True)
+    assert exp(StreamPolicy(False, True), None, True) == (False, True)
+    assert exp(StreamPolicy(False, False), None, None) == (False, False)
+    with pytest.raises(sim.FramesNotAllowed) as info:
+        exp(StreamPolicy(False, True), True, None)
+    assert (info.value.code, info.value.http_status) == ("frames_not_allowed", 403)
+
+
+# -- the per-session policies over the native REST
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gw(settings: Settings) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(settings, sse_heartbeat_s=0.5) as g:
+        yield g
+
+
+async def test_policies_set_at_creation_and_changed_by_owners_only_audited(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    async with http.post(gw.url + "/v1/sessions", json={"include_thinking": True},
+                         headers=gw.headers("alice")) as r:  # fmt: skip
+        assert r.status == 201
+        created = await r.json()
+    sid = created["session_id"]
+    assert (created["include_thinking"], created["include_tool_calls"]) == (True, False)
+    async with http.post(f"{gw.url}/v1/sessions/{sid}/members",
+                         json={"user_id": "bob", "role": "approver"},
+                         headers=gw.headers("alice")) as r:  # fmt: skip
+        assert r.status == 201
+    url = f"{gw.url}/v1/sessions/{sid}"
+    cases: list[tuple[str, object, int, str | None]] = [
+        ("bob", {"include_tool_calls": True}, 403, "forbidden"),
+        ("mallory", {"include_tool_calls": True}, 403, "not_a_member"),
+        ("alice", {}, 400, "invalid_request"),
+        ("alice", {"include_tool_calls": "yes"}, 400, "invalid_request"),
+        ("alice", {"title": "x"}, 400, "invalid_request"),
+        ("alice", {"include_tool_calls": True}, 200, None),
+    ]
+    for user, body, status, code in cases:
+        async with http.patch(url, json=body, headers=gw.headers(user)) as r:
+            assert r.status == status, (user, body, await r.text())
+            got = await r.json()
+            if code is not None:
+                assert got["error"]["code"] == code
+    assert got == {"session_id": sid, "include_thinking": True, "include_tool_calls": True,
+                   "previous": {"include_thinking": True, "include_tool_calls": False}}  # fmt: skip
+    async with http.get(url, headers=gw.headers("bob")) as r:
+        info = await r.json()
+    assert (info["include_thinking"], info["include_tool_calls"]) == (True, True)
+    assert await broker.store.stream_policy(sid) == StreamPolicy(True, True)
+    rows = await broker.store.pool.fetch(
+        "SELECT actor, detail FROM audit WHERE session_id = $1 AND action = 'set_stream_policy'",
+        sid,
+    )
+    assert [(r["actor"], json.loads(r["detail"])) for r in rows] == [
+        ("alice", {"include_thinking": True, "include_tool_calls": True,
+                   "previous": {"include_thinking": True, "include_tool_calls": False}})
+    ]  # fmt: skip
+    # Defaults: off.
+    async with http.post(gw.url + "/v1/sessions", json={}, headers=gw.headers("alice")) as r:
+        plain = await r.json()
+    assert await broker.store.stream_policy(plain["session_id"]) == StreamPolicy(False, False)

@@ -41,7 +41,8 @@ needs no envelope: chunks append per block, so `start()` sends nothing.
 
 from __future__ import annotations
 
-from broker import events
+from broker import errors, events
+from broker.store import StreamPolicy
 
 from .base import Context, Projection, Wire, json
 
@@ -143,3 +144,52 @@ class SimProjection(Projection):
 
     def _settled_text(self) -> list[tuple[str, str]]:
         return [(mid, "".join(parts)) for mid, parts in self.settled.items() if parts]
+
+
+# -- what a request may see (checked at the edge: pure, before and after the policy read)
+
+
+class ProtocolNotNegotiated(errors.ClientError):
+    """Frames asked for without `X-Sim-Stream-Protocol: agent-events-v1`:
+    refused, never silently downgraded to text."""
+
+    code = "stream_protocol_required"
+
+
+class FramesNotAllowed(errors.Forbidden):
+    """Frames asked for that the session's policy does not expose."""
+
+    code = "frames_not_allowed"
+
+
+def check_request(negotiated: bool, thinking: bool | None, tool_calls: bool | None) -> None:
+    """Before any query: a request asking for thinking or tool frames must
+    have negotiated the protocol."""
+    if (thinking is True or tool_calls is True) and not negotiated:
+        raise ProtocolNotNegotiated(
+            "includeThinking and includeToolCalls require the request header "
+            f"{PROTOCOL_HEADER}: {PROTOCOL_V1}, which declares that the client understands "
+            "agent-event frames",
+            hint=f"send {PROTOCOL_HEADER}: {PROTOCOL_V1}, or do not ask for frames",
+        )
+
+
+def exposure(
+    negotiated: bool, thinking: bool | None, tool_calls: bool | None, policy: StreamPolicy
+) -> dict[str, object]:
+    """The projection's options: each kind of frame when the session's policy
+    allows it and the request did not turn it off (`False`); asking (`True`)
+    for what the policy does not allow is refused."""
+    check_request(negotiated, thinking, tool_calls)
+    for asked, allowed, name in ((thinking, policy.include_thinking, "include_thinking"),
+                                 (tool_calls, policy.include_tool_calls, "include_tool_calls")):  # fmt: skip
+        if asked is True and not allowed:
+            raise FramesNotAllowed(
+                f"this session's policy {name} is off",
+                hint="an owner may turn it on: PATCH /v1/sessions/{id}",
+            )
+    return {
+        "negotiated": negotiated,
+        "include_thinking": negotiated and policy.include_thinking and thinking is not False,
+        "include_tool_calls": negotiated and policy.include_tool_calls and tool_calls is not False,
+    }
