@@ -20,6 +20,7 @@ from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, console, credentials, openapi, rest, ws
+from .compat import agentui_http, sim_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -81,7 +82,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 # cookies: no credentialed CORS is needed.
 _CORS_PREFLIGHT = {
     "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE",
-    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, Last-Event-ID",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, Last-Event-ID, "
+    "X-Sim-Stream-Protocol",
     "Access-Control-Max-Age": "600",
 }
 
@@ -198,6 +200,8 @@ def build_app(
     r.add_get("/v1/runs/{run_id}/events", rest.run_events)
     r.add_post("/v1/runs/{run_id}/interrupt", rest.interrupt)
     r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
+    sim_http.routes(app)
+    agentui_http.routes(app)
     if STATIC_DIR.is_dir():
         r.add_static("/static/", STATIC_DIR)
     return app

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker import events
@@ -52,7 +52,7 @@ def scripted_log() -> list[events.Event]:
     ])  # fmt: skip
 
 
-def answer(proj: Projection, evs: list[events.Event], after: int = 0) -> list[Wire]:
+def answer(proj: Projection, evs: Sequence[events.Event], after: int = 0) -> list[Wire]:
     """What an answer from cursor `after` sends (as the serving layer drives it)."""
     for e in evs[:after]:
         proj.track(e)

@@ -41,9 +41,10 @@ class Cut(Exception):
 
 
 async def sse_frames(resp: aiohttp.ClientResponse, *, first_data_line_only: bool = False,
-                     timeout_s: float = 60) -> Any:  # fmt: skip
+                     timeout_s: float = 60, comments: list[str] | None = None) -> Any:  # fmt: skip
     """The frames of an SSE body as a fetch reader sees them: the decoded text
-    is buffered and split on "\\n\\n"; comments yield nothing."""
+    is buffered and split on "\\n\\n"; comments yield nothing (they are
+    appended to `comments`)."""
     buf = ""
     decoder = codecs.getincrementaldecoder("utf-8")()
     async with asyncio.timeout(timeout_s):
@@ -56,6 +57,8 @@ async def sse_frames(resp: aiohttp.ClientResponse, *, first_data_line_only: bool
                 data = [ln[5:].lstrip() for ln in lines if ln.startswith("data:")]
                 ids = [ln[3:].strip() for ln in lines if ln.startswith("id:")]
                 if not data:
+                    if comments is not None:
+                        comments += [ln for ln in lines if ln.startswith(":")]
                     continue  # a heartbeat comment, or `retry:`
                 yield Frame(data[0] if first_data_line_only else "\n".join(data),
                             int(ids[-1]) if ids else None)  # fmt: skip
@@ -136,6 +139,7 @@ class AgentUiClient:
         self.http = http
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self.state = AgentUiState()
+        self.comments: list[str] = []
 
     async def start(self, base: str, session_id: str, goal: str, *,
                     cut_after: int | None = None, until: str | None = None) -> int:  # fmt: skip
@@ -160,7 +164,7 @@ class AgentUiClient:
             return resp.status
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         n = 0
-        async for f in sse_frames(resp, first_data_line_only=True):
+        async for f in sse_frames(resp, first_data_line_only=True, comments=self.comments):
             ev = json.loads(f.data)
             assert ev["runId"] and isinstance(ev["type"], str)
             assert f.id == ev["seq"]  # one frame per event: `id:` and `seq` agree
@@ -275,6 +279,8 @@ class SimClient:
             self.headers["X-Sim-Stream-Protocol"] = "agent-events-v1"
         self.state = SimState()
         self.cursor = 0
+        self.run_id: str | None = None  # from the chat answer's X-Runlog-Run-Id
+        self.comments: list[str] = []
         self._committed = (SimState(), 0)
         self.frames: list[Frame] = []
 
@@ -297,8 +303,9 @@ class SimClient:
             body = await resp.json() if resp.content_type == "application/json" else None
             return resp.status, body
         assert resp.headers["Content-Type"].startswith("text/event-stream")
+        self.run_id = resp.headers.get("X-Runlog-Run-Id", self.run_id)
         n = 0
-        async for f in sse_frames(resp):
+        async for f in sse_frames(resp, comments=self.comments):
             self.frames.append(f)
             n += 1
             if f.data == "[DONE]":
@@ -321,3 +328,40 @@ class SimClient:
     def _rollback(self) -> None:
         state, self.cursor = self._committed
         self.state = copy.deepcopy(state)
+
+
+def expected(wires: list[Any], done: bytes | None = None) -> list[tuple[str, int | None]]:
+    """A projection's items as these clients record frames: (data, id)."""
+    out = [(w.data.decode(), w.seq) for w in wires]
+    if done is not None:
+        out.append((done.decode().removeprefix("data: ").strip(), None))
+    return out
+
+
+def recorded(frames: list[Frame]) -> list[tuple[str, int | None]]:
+    return [(f.data, f.id) for f in frames]
+
+
+async def native_events(http: aiohttp.ClientSession, base: str, token: str,
+                        run_id: str) -> list[dict[str, Any]]:  # fmt: skip
+    """The run's stored events through the native REST page."""
+    async with http.get(f"{base}/v1/runs/{run_id}/events", params={"after": "0"},
+                        headers={"Authorization": f"Bearer {token}"}) as r:  # fmt: skip
+        assert r.status == 200, await r.text()
+        events: list[dict[str, Any]] = (await r.json())["events"]
+        return events
+
+
+async def decide(http: aiohttp.ClientSession, base: str, token: str, run_id: str,
+                 approval_id: str, decision: str) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    async with http.post(f"{base}/v1/runs/{run_id}/approvals/{approval_id}",
+                         json={"decision": decision},
+                         headers={"Authorization": f"Bearer {token}"}) as r:  # fmt: skip
+        body: dict[str, Any] = await r.json()
+        return r.status, body
+
+
+async def interrupt(http: aiohttp.ClientSession, base: str, token: str, run_id: str) -> int:
+    async with http.post(f"{base}/v1/runs/{run_id}/interrupt", json={"reason": "enough"},
+                         headers={"Authorization": f"Bearer {token}"}) as r:  # fmt: skip
+        return r.status

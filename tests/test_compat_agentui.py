@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import cast
+
+import aiohttp
+import pytest_asyncio
+
 from broker import events
+from broker.runtime import Broker
+from broker.settings import Settings
 from gateway.compat.agentui import AgentUiProjection
 from gateway.compat.base import Context
 
 from .compat_logs import RUN, SESSION, answer, frames, numbered, resume_cases, scripted_log
+from .gw import RunningGateway, eventually, running_gateway, session_with
+from .seedclients import AgentUiClient, AgentUiState, decide, interrupt
+from .workerkit import running_worker, stored
 
 
 def _proj() -> AgentUiProjection:
@@ -87,3 +100,175 @@ def test_resume_from_every_cursor() -> None:
     for c, expected, resumed in cases:
         assert resumed == expected, f"cursor {c}"
         assert [w.seq for w in resumed] == list(range(c + 1, len(scripted_log()) + 1))
+
+
+# -- served, against real gateways and a real worker, with the seed's client rules
+# (workers run with discard_text_before_tools, so that the log has message_reset)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gw(settings: Settings) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(settings, sse_heartbeat_s=0.5) as g:
+        yield g
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gw2(settings: Settings) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(settings, sse_heartbeat_s=0.5) as g:
+        yield g
+
+
+def _as_log(evs: list[events.AnyEvent]) -> AgentUiState:
+    """What a client that applied the stored log's projection holds."""
+    proj = AgentUiProjection(Context(evs[0].run_id, evs[0].session_id))
+    st = AgentUiState()
+    for w in answer(proj, evs):
+        st.apply(json.loads(w.data))
+    return st
+
+
+def _check_against_log(st: AgentUiState, evs: list[events.AnyEvent]) -> None:
+    """The client's state is the stored log's: text per message (reset ones
+    dropped), reasoning, each tool call's arguments and result, approvals."""
+    reset = {e.message_id for e in evs if isinstance(e, events.MessageReset)}
+    text: dict[str, str] = {}
+    for e in evs:
+        if isinstance(e, events.TextDelta) and e.message_id not in reset:
+            text[e.message_id] = text.get(e.message_id, "") + e.delta
+    assert st.text == text
+    assert "".join(st.reasoning.values()) == "".join(
+        e.delta for e in evs if isinstance(e, events.ReasoningDelta))  # fmt: skip
+    starts = [e for e in evs if isinstance(e, events.ToolCallStart)]
+    assert {k: (c.name, c.risk, c.args) for k, c in st.tools.items()} == {
+        s.tool_call_id: (s.tool_name, s.risk_level, "".join(
+            e.partial_json for e in evs
+            if isinstance(e, events.ToolArgsDelta) and e.tool_call_id == s.tool_call_id))
+        for s in starts
+    }  # fmt: skip
+    results = {e.tool_call_id: e.status for e in evs if isinstance(e, events.ToolResult)}
+    assert {k: c.result["status"] for k, c in st.tools.items() if c.result} == results
+    assert st.decided == {e.approval_id: e.decision for e in evs
+                          if isinstance(e, events.ApprovalDecided)}  # fmt: skip
+    assert st.seq == len(evs) and st.run_id == evs[0].run_id
+
+
+async def test_agentui_full_run_with_an_approval_decided_over_rest(
+    gw: RunningGateway, gw2: RunningGateway, http: aiohttp.ClientSession, settings: Settings
+) -> None:
+    """alice starts a run with the seed's POST on one gateway, bob follows it
+    on another (GET …/events?after=0); approval_required reaches both, bob
+    decides through runlog's REST, and both streams go on to run_end."""
+    sid = await session_with(http, gw, "alice", bob="approver")
+    async with running_worker(settings, discard_text_before_tools=True) as (broker, _):
+        alice = AgentUiClient(http, gw.token("alice"))
+        run = asyncio.create_task(alice.start(gw.url, sid, "tell me about runlog"))
+        await eventually(lambda: alice.state.run_id is not None, 30, "run_start")
+        rid = alice.state.run_id
+        assert rid is not None
+        bob = AgentUiClient(http, gw2.token("bob"))
+        follow = asyncio.create_task(bob.resume(gw2.url, rid))
+        await eventually(
+            lambda: bool(alice.state.approvals and bob.state.approvals), 30, "approvals"
+        )
+        (approval,) = alice.state.approvals
+        assert alice.state.approvals[approval]["toolCallId"] == "call_2_0"
+        # Open while the run waits, kept alive by heartbeat comments.
+        await eventually(lambda: ": hb" in alice.comments and ": hb" in bob.comments, 30, "hb")
+        assert not run.done() and not follow.done()
+        assert (await decide(http, gw2.url, gw2.token("bob"), rid, approval, "approve"))[0] == 201
+        assert await run == 200 and await follow == 200
+        log = await stored(broker, rid)
+    assert alice.state.status == "completed" and alice.state.decided == {approval: "approve"}
+    _check_against_log(alice.state, log)
+    assert alice.state == bob.state == _as_log(log)
+    assert (alice.state.trace_id, alice.state.session_id) == (
+        cast(events.RunStart, log[0]).trace_id, sid)  # fmt: skip
+    assert "text_reset" in alice.state.types and "reasoning_delta" in alice.state.types
+
+
+async def test_agentui_cut_mid_text_and_mid_tool_args_resumed_on_either_gateway(
+    gw: RunningGateway, gw2: RunningGateway, http: aiohttp.ClientSession, settings: Settings
+) -> None:
+    """Cut every few events (inside text and inside tool arguments), resumed
+    with `?after=seq` alternately on each gateway: the merge by toolCallId
+    and messageId ends exactly as the log."""
+    sid = await session_with(http, gw, "alice")
+    async with running_worker(settings, discard_text_before_tools=True) as (broker, _):
+        c = AgentUiClient(http, gw.token("alice"))
+        await c.start(gw.url, sid, "tell me about runlog, no approval", cut_after=3)
+        rid = c.state.run_id
+        assert rid is not None
+        cuts, cut_in_args = 1, 0
+        while c.state.status is None:
+            last = c.state.types[-1]
+            cut_in_args += last == "tool_args_delta"
+            assert await c.resume((gw2 if cuts % 2 else gw).url, rid, cut_after=3) == 200
+            cuts += 1
+        log = await stored(broker, rid)
+    _check_against_log(c.state, log)
+    assert c.state == _as_log(log) and cut_in_args >= 1 and cuts > 10
+
+
+async def test_agentui_an_ended_run_replayed(
+    gw: RunningGateway, gw2: RunningGateway, http: aiohttp.ClientSession, settings: Settings
+) -> None:
+    sid = await session_with(http, gw, "alice", vic="viewer")
+    async with running_worker(settings, discard_text_before_tools=True) as (broker, _):
+        c = AgentUiClient(http, gw.token("alice"))
+        assert await c.start(gw.url, sid, "tell me about runlog, no approval") == 200
+        assert c.state.run_id is not None
+        log = await stored(broker, c.state.run_id)
+    late = AgentUiClient(http, gw2.token("vic"))
+    assert await late.resume(gw2.url, c.state.run_id) == 200
+    assert late.state == c.state == _as_log(log)
+    # From its end: run_end again (these formats have no 204).
+    end = AgentUiClient(http, gw2.token("vic"))
+    end.state.seq = len(log)
+    assert await end.resume(gw2.url, c.state.run_id) == 200
+    assert (end.state.types, end.state.status) == (["run_end"], "completed")
+
+
+async def test_agentui_stop_through_runlog_interrupt(
+    gw: RunningGateway, gw2: RunningGateway, http: aiohttp.ClientSession, settings: Settings
+) -> None:
+    """The seed's stop() only aborts the fetch (the run goes on); runlog's
+    interrupt stops it: interrupt_requested, then run_end{aborted}."""
+    sid = await session_with(http, gw, "alice", bob="approver")
+    async with running_worker(settings, discard_text_before_tools=True) as (broker, _):
+        c = AgentUiClient(http, gw.token("alice"))
+        await c.start(gw.url, sid, "stall", until="text_delta")  # the fetch aborted
+        rid = c.state.run_id
+        assert rid is not None
+        await eventually(lambda: len(c.state.text) > 0, 10, "text")
+        assert (await broker.store.get_run(rid)).status == "running"  # a closed stream is no stop
+        watch = asyncio.create_task(c.resume(gw2.url, rid))
+        assert await interrupt(http, gw2.url, gw2.token("bob"), rid) == 202
+        assert await watch == 200
+        log = await stored(broker, rid)
+    assert c.state.status == "aborted" and "interrupt_requested" in c.state.types
+    _check_against_log(c.state, log)
+
+
+async def test_agentui_bad_requests(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    sid = await session_with(http, gw, "alice", vic="viewer")
+    other = await session_with(http, gw, "alice")
+    url = f"{gw.url}/v1/compat/agent-ui/sessions/{sid}/runs"
+    cases: list[tuple[str, object, int, str]] = [
+        ("alice", {"goal": "x", "sessionId": other}, 400, "invalid_request"),
+        ("alice", {"goal": "x", "extra": 1}, 400, "invalid_request"),
+        ("vic", {"goal": "x"}, 403, "forbidden"),
+        ("mallory", {"goal": "x"}, 403, "not_a_member"),
+    ]
+    for user, body, status, code in cases:
+        async with http.post(url, json=body, headers=gw.headers(user)) as r:
+            assert (r.status, (await r.json())["error"]["code"]) == (status, code), body
+    assert (await broker.store.session_info(sid)).runs == []
+    rid = "r_" + "A" * 22
+    async with http.get(f"{gw.url}/v1/compat/agent-ui/runs/{rid}/events?after=x",
+                        headers=gw.headers("alice")) as r:  # fmt: skip
+        assert (r.status, (await r.json())["error"]["code"]) == (400, "invalid_cursor")
+    async with http.get(f"{gw.url}/v1/compat/agent-ui/runs/{rid}/events",
+                        headers=gw.headers("alice")) as r:  # fmt: skip
+        assert (r.status, (await r.json())["error"]["code"]) == (403, "not_a_member")

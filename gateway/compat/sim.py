@@ -9,7 +9,7 @@ Frames (one JSON object per `data:` line, then the literal `[DONE]`):
 | reasoning_delta | `{blockId: message_id, event: "thinking", data}`: `include_thinking` only |
 | tool_call_start | `{blockId: run_id, event: "tool", phase: "start", id, name}`: `include_tool_calls` only |
 | tool_result | `{…, phase: "end", id, name, status}` (ok→success, error→error, denied and skipped→cancelled) |
-| run_error | `{event: "error", error, code}`; the answer ends |
+| run_error | `{event: "error", error, code}`; the answer ends (an answer from after it: the error again, at run_end) |
 | run_end | `{event: "final", data: {success, runId, status, output: {content}}}`; the answer ends |
 
 Everything else (run_start, status, progress, tool arguments, tool_call_end,
@@ -76,6 +76,7 @@ class SimProjection(Projection):
         # The text written since the run's last tool activity, per message in
         # the order they began: the final turn's text if nothing follows.
         self.settled: dict[str, list[str]] = {}
+        self.error: events.RunError | None = None  # the run's, once seen
 
     def track(self, ev: events.Event) -> None:
         super().track(ev)
@@ -108,11 +109,16 @@ class SimProjection(Projection):
                     return [Wire(json({**self._tool("end", cid, name), "status": sim_status}), seq)]
             case events.ApprovalDecided(approval_id=aid):
                 self.ctx.decided.add(aid)
-            case events.RunError(code=code, message=message):
+            case events.RunError():
                 self.done = True
-                return [Wire(json({"event": "error", "error": message or code, "code": code}), seq)]
+                return [Wire(self._error_frame(ev), seq)]
             case events.RunEnd(status=status):
                 self.done = True
+                if self.error is not None:
+                    # An error is never followed by `final`: an answer that
+                    # starts after it (the terminal answer of a failed run)
+                    # ends with the error again.
+                    return [Wire(self._error_frame(self.error), seq)]
                 out = []
                 if not self.negotiated and status in ("completed", "aborted"):
                     out = [
@@ -132,8 +138,13 @@ class SimProjection(Projection):
         return {"blockId": self.ctx.run_id, "event": "tool", "phase": phase, "id": cid,
                 "name": name}  # fmt: skip
 
+    def _error_frame(self, ev: events.RunError) -> bytes:
+        return json({"event": "error", "error": ev.message or ev.code, "code": ev.code})
+
     def _settle(self, ev: events.Event) -> None:
         match ev:
+            case events.RunError():
+                self.error = ev
             case events.TextDelta(message_id=mid, delta=delta):
                 if delta:
                     self.settled.setdefault(mid, []).append(delta)
