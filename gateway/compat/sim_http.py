@@ -67,7 +67,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     proj = SimProjection(Context(run_id, sid, options=opts))
     # S1 frames name no run (a text block is a message): the header tells
     # the client what to resume, stop or decide approvals of.
-    framing = dataclasses.replace(FRAMING, headers={RUN_ID_HEADER: run_id})
+    framing = dataclasses.replace(
+        FRAMING, headers={RUN_ID_HEADER: run_id, "Access-Control-Expose-Headers": RUN_ID_HEADER}
+    )
     return await serve_run(request, gw, p, run_id, 0, proj, framing)
 
 
