@@ -348,6 +348,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("POST", "/v1/sessions", {"title": "x"}, {}),
             ("GET", "/v1/sessions", None, {}),
             ("GET", f"/v1/sessions/{sid}", None, {}),
+            ("PATCH", f"/v1/sessions/{sid}", {"include_thinking": True}, {}),
             ("POST", f"/v1/sessions/{sid}/members", {"user_id": "bob", "role": "viewer"}, {}),
             ("PATCH", f"/v1/sessions/{sid}/members/alice", {"role": "owner"}, {}),
             ("DELETE", f"/v1/sessions/{sid}/members/bob", None, {}),
@@ -363,6 +364,10 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("POST", f"/v1/compat/openai/sessions/{sid}/chat/completions", chat, {}),
             ("POST", f"/v1/compat/openai/runs/{run_id}/chat/completions", chat, {}),
             *aisdk_rows(sid, run_id, aid),
+            ("POST", f"/v1/compat/sim/sessions/{sid}/chat", {"input": "hi"}, {}),
+            ("GET", f"/v1/compat/sim/runs/{run_id}/stream", None, {}),
+            ("POST", f"/v1/compat/agent-ui/sessions/{sid}/runs", {"goal": "hi"}, {}),
+            ("GET", f"/v1/compat/agent-ui/runs/{run_id}/events?after=1", None, {}),
         ]
         # Every route under /v1 that can touch storage is in the table (the
         # OpenAPI document and /v1/config are static; the WebSocket is covered below).
