@@ -355,6 +355,11 @@ class Store:
     async def approval(self, approval_id: str) -> approvals.ApprovalInfo:
         return await approvals.get(self.pool, approval_id)
 
+    @_reads("approvals read")
+    async def run_approvals(self, run_id: str) -> list[approvals.ApprovalInfo]:
+        """Every approval of the run, decided or not, oldest first."""
+        return await approvals.open_for_run(self.pool, run_id)
+
     async def ping(self, timeout_s: float) -> bool:
         """Whether PostgreSQL answers within `timeout_s` (no retries: for /readyz)."""
         try:

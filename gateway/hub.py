@@ -104,7 +104,7 @@ class Member:
         conn = self.conn
         # Fast path: nothing queued and the socket keeps up, so the shared
         # wire frames go straight to it (no queue, no writer wake-up).
-        if self.mode == "sse" or not conn.write_now(batch.wire(self.mode, start), batch.topic,
+        if self.mode in ("sse", "raw") or not conn.write_now(batch.wire(self.mode, start), batch.topic,
                                                     batch.last):  # fmt: skip
             if not conn.queue.put_events(self.mode, batch, start):
                 conn.overflow()

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-CONN_KINDS = ("ws", "sse")
+CONN_KINDS = ("ws", "sse", "compat")
 ACCESS_CODES = ("forbidden", "token_revoked")
 ACCESS_VIAS = ("message", "recheck", "subscribe")
 REFUSAL_REASONS = ("user", "ip")

@@ -14,7 +14,11 @@ Contract:
   connection never exceeds about `max_bytes` plus one batch, whatever the
   client does.
 - WebSocket items are wire frames (header included), SSE items text: the
-  writer hands them to the transport as they are.
+  writer hands them to the transport as they are. "raw" items (a compat
+  projection's input, gateway/compat/serve.py) keep the stored events
+  themselves, for the writer to project: they are never coalesced or
+  dropped (a projection is stateful), so a lagging raw connection only
+  reaches the bound sooner, and is cut there.
 - Once `close()`d, the queue refuses everything (the connection is ending):
   `put_*` keep nothing, waiters wake, and nothing is queued again.
 """
@@ -27,9 +31,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from broker.store import StoredEvent
+
 from .frames import EncodedBatch, sse_frame, ws_event_frame, ws_events_frame, ws_wire
 
-Mode = Literal["ws", "ws_batch", "sse"]
+Mode = Literal["ws", "ws_batch", "sse", "raw"]
 
 # Delta types that can be merged, and the field that names their stream.
 _MERGEABLE = {
@@ -43,7 +49,9 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Item:
-    __slots__ = ("data", "event", "first", "key", "last", "mode", "nbytes", "payloads", "topic")
+    __slots__ = (
+        "data", "event", "first", "key", "last", "mode", "nbytes", "payloads", "stored", "topic",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -57,6 +65,7 @@ class Item:
         key: tuple[str, str, str] | None = None,
         event: dict[str, Any] | None = None,
         payloads: list[bytes] | None = None,
+        stored: list[StoredEvent] | None = None,
     ) -> None:
         self.data = data
         self.topic = topic
@@ -67,11 +76,13 @@ class Item:
         self.key = key
         self.event = event
         self.payloads = payloads  # a batch frame still open to more events
+        self.stored = stored  # "raw": the events themselves, for the connection to render
 
     def render(self) -> bytes:
         """The bytes for the transport: a wire frame (WebSocket) or text (SSE)."""
         if self.data is not None:
             return self.data
+        assert self.stored is None, "raw items are rendered by their connection"
         if self.payloads is not None:
             assert self.topic is not None
             return ws_wire(ws_events_frame(self.topic, self.first, self.payloads))
@@ -113,7 +124,12 @@ class SendQueue:
         """Queue `batch.items[start:]`; False if that overflows the bound."""
         if self.closed:
             return True  # the connection is ending: nothing more goes out
-        if self.lagging:
+        if mode == "raw":
+            stored = batch.items if start == 0 else batch.items[start:]
+            size = sum(len(e.payload) for e in stored)
+            self._append(Item(None, batch.topic, batch.last, size, mode=mode,
+                              first=batch.first + start, stored=stored))  # fmt: skip
+        elif self.lagging:
             self._put_lagging(mode, batch, start)
         elif mode == "ws":
             frames = batch.ws_single_wire()

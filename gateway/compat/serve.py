@@ -1,0 +1,281 @@
+"""Serving a projection: one run's log, from a cursor, as a format's SSE body.
+
+Every compat format answers the same way (`serve_run`); only its request
+parsing and its `Projection` differ. Contract:
+
+- Before the body starts (so the client gets a JSON error and a status):
+  the gateway must not be draining (503 `server_draining`), the principal
+  must be allowed to read the run (`not_a_member`), the connection caps
+  must have room (429 `too_many_connections`, with Retry-After), and the
+  cursor must not be past the run's head (400 `invalid_cursor`).
+- The projection's state is rebuilt from the log: events 1..cursor go to
+  `projection.track` (read from PostgreSQL in replay turns, like a
+  catch-up), and `ctx.decided` gets every approval of the run decided when
+  the answer begins (from PostgreSQL's approvals, which hold a decision
+  before the log does). Then `projection.start()`: the envelope and the
+  re-opened spans, written after `framing.preamble`.
+- Then every event after the cursor, exactly once and in seq order (replay
+  pages, then live: the hub's shared subscription, one per run per
+  gateway), goes to `projection.feed`, and its wire items are written as
+  SSE frames (`framing`). The answer ends, with `framing.done` after the
+  last item, when the projection is `done` (the run ended, or an undecided
+  approval ended it with the format's native interrupt) or after `run_end`.
+- A cursor at the end of an ended run gets the envelope and the run's last
+  event again (its terminal answer): these formats have no 204, and a
+  client that missed only the end learns how the run ended.
+- The connection counts against the caps, and ends like a native SSE stream
+  on drain (`server_draining`), revocation (`token_revoked`), loss of access
+  (`forbidden`), a PostgreSQL outage and a slow reader (`slow_consumer`):
+  the body just ends, without the format's terminal event, which its
+  clients treat as a cut and resume from their cursor. A projection is
+  stateful, so a slow reader is never given coalesced or skipped events:
+  its queue (bounded in bytes like a native one) overflows and it is cut.
+  Closing the body never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import msgspec
+from aiohttp import web
+
+from broker import errors, events
+
+from .. import _aio
+from ..admission import Ticket
+from ..auth import Principal
+from ..connection import Connection, State
+from ..context import Gateway
+from ..sendq import Item
+from ..sse import SSE_HEADERS
+from .base import Projection, Wire
+
+# Rendered output is written in pieces of about this size, so a long replay
+# never holds more than this (plus one event's items) beyond its queue.
+_WRITE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a format's wire items become SSE bytes, and what surrounds them."""
+
+    ids: bool = True  # write `id: <seq>` on items that carry a seq
+    event_names: bool = False  # write `event: <Wire.event>` lines
+    heartbeat: bytes | None = b": hb\n\n"  # sent when idle for sse_heartbeat_s; None: never
+    preamble: bytes = b""  # written first (e.g. b"retry: 1000\n\n" where the client tolerates it)
+    done: bytes | None = None  # written after the projection is done (e.g. b"data: [DONE]\n\n")
+    content_type: str = "text/event-stream"
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def render(self, wires: list[Wire]) -> bytes:
+        out = []
+        for w in wires:
+            if self.ids and w.seq is not None:
+                out.append(b"id: %d\n" % w.seq)
+            if self.event_names and w.event is not None:
+                out.append(b"event: " + w.event.encode() + b"\n")
+            out.append(b"data: " + w.data + b"\n\n")
+        return b"".join(out)
+
+
+def decode(payload: bytes) -> events.AnyEvent | None:
+    """A stored event, or None for a type this gateway does not know (a newer
+    writer's: skipped, as old readers do)."""
+    try:
+        return events.decode_stored(payload)
+    except msgspec.ValidationError:
+        return None
+
+
+class CompatClient(Connection):
+    """One compat answer: a Connection whose writer runs the projection over
+    the stored events the hub queues for it ("raw" items)."""
+
+    kind = "compat"
+
+    def __init__(
+        self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str,
+        projection: Projection, framing: Framing,
+    ) -> None:  # fmt: skip
+        super().__init__(gw, user, "raw")
+        self.request = request
+        self.resp = resp
+        self.projection = projection
+        self.framing = framing
+        self.finished = False  # the answer's last item is rendered: nothing more goes out
+        self._eof = False  # the goodbye began: nothing more is written
+        self._closing = asyncio.Event()
+        self._last_write = asyncio.get_running_loop().time()
+
+    def transport(self) -> asyncio.Transport | None:
+        return _aio.transport_of(self.request)
+
+    async def send(self, items: list[Item]) -> None:
+        out: list[bytes] = []
+        size = 0
+        for it in items:
+            if self.finished:
+                break  # a heartbeat, or events past the end: the answer is over
+            if it.stored is None:
+                assert it.data is not None
+                out.append(it.data)
+                size += len(it.data)
+            else:
+                assert it.topic is not None
+                for e in it.stored:
+                    ev = decode(e.payload)
+                    if ev is not None:
+                        data = self.framing.render(self.projection.feed(ev))
+                        out.append(data)
+                        size += len(data)
+                    self.sent[it.topic] = e.seq
+                    if self.projection.done or e.type == "run_end":
+                        self.finished = True
+                        if self.framing.done is not None:
+                            out.append(self.framing.done)
+                        break
+                    if size >= _WRITE_BYTES:
+                        await self._write(out)
+                        out, size = [], 0
+        if out:
+            await self._write(out)
+
+    async def _write(self, out: list[bytes]) -> None:
+        if self._eof:
+            return  # the teardown ended the body: the client resumes from what it has
+        await self.resp.write(b"".join(out))
+        self._last_write = asyncio.get_running_loop().time()
+
+    def after_written(self) -> None:
+        if self.finished:
+            self.close(None)
+
+    def close(self, code: str | None) -> asyncio.Future[None]:
+        self._closing.set()
+        return super().close(code)
+
+    async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
+        # No in-band reason: these formats have none that their clients
+        # resume from. A body ended without its terminal event is a cut.
+        self._eof = True
+        if code is not None:
+            self.resp.force_close()
+        await self.resp.write_eof()
+        if code is None:
+            self.spare_transport()
+
+    async def serve(self) -> None:
+        """Until the answer is done, the client leaves, or the server ends it."""
+        s = self.gw.settings
+        hb = self.framing.heartbeat
+        loop = asyncio.get_running_loop()
+        while self.state is State.OPEN:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), timeout=min(1.0, s.sse_heartbeat_s))
+            if self.state is not State.OPEN:
+                break
+            t = self.transport()
+            if t is None or t.is_closing():
+                self.close(None)  # the client went away
+            elif (
+                hb is not None
+                and not self.finished
+                and self.queue.nbytes == 0
+                and loop.time() - self._last_write >= s.sse_heartbeat_s
+            ):
+                self.queue.put_message(hb)
+        await self.close(None)  # waits for whichever teardown began
+
+
+async def serve_run(
+    request: web.Request, gw: Gateway, principal: Principal, run_id: str, after: int,
+    projection: Projection, framing: Framing,
+) -> web.StreamResponse:  # fmt: skip
+    """Authorize read of the run, then: events 1..after → projection.track,
+    projection.start(), events after the cursor (replay pages, then live) →
+    projection.feed, written as SSE frames, until projection.done (then
+    framing.done) or the client leaves. Counts against the connection caps;
+    ends like native SSE on drain / revocation (see the module's contract)."""
+    if gw.draining:
+        raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
+    await gw.authorize_stream(principal.user, "run", run_id)
+    ticket = gw.admission.admit(gw.admission.client_ip(request), principal.user)
+    try:
+        return await _serve(request, gw, principal, run_id, after, projection, framing, ticket)
+    finally:
+        ticket.release()  # a no-op once the answer's connection released it when CLOSED
+
+
+async def _serve(
+    request: web.Request, gw: Gateway, principal: Principal, run_id: str, after: int,
+    projection: Projection, framing: Framing, ticket: Ticket,
+) -> web.StreamResponse:  # fmt: skip
+    store = gw.broker.store
+    retry_s = gw.settings.db_retry_s
+    head, ended = await store.stream_head(True, run_id, retry_s=retry_s)
+    if after > head:
+        raise errors.InvalidCursor(
+            f"cursor {after} is past the head ({head})",
+            hint="resume from a cursor this stream gave you",
+        )
+    if ended and after >= head:
+        after = head - 1  # the terminal answer again (see the module's contract)
+    decided = projection.ctx.decided
+    decided.update(a.approval_id for a in await store.run_approvals(run_id) if a.decision)
+    await _track(gw, principal.user, run_id, after, projection)
+    opening = framing.preamble + framing.render(projection.start())
+    if gw.draining:
+        raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
+    resp = web.StreamResponse(
+        status=200, headers={**SSE_HEADERS, "Content-Type": framing.content_type, **framing.headers}
+    )
+    await resp.prepare(request)
+    if projection.done:  # e.g. resumed at an approval that is still undecided
+        await resp.write(opening + (framing.done or b""))
+        await resp.write_eof()
+        return resp
+    await resp.write(opening)
+    client = CompatClient(gw, request, resp, principal.user, projection, framing)
+    client.issued_at = principal.issued_at
+    client.ticket = ticket
+    key = f"run:{run_id}"
+    try:
+        try:
+            member = await gw.hub.join(client, "run", run_id, after, "raw")
+        except errors.RunlogError as e:
+            # The body has begun: ending it is the only way left to say so.
+            await client.close("storage_unavailable" if e.retryable else "internal")
+            return resp
+        if client.attach(key, member):
+            await client.serve()
+    finally:
+        await client.close(None)
+    return resp
+
+
+async def _track(gw: Gateway, user: str, run_id: str, after: int, projection: Projection) -> None:
+    """Events 1..after into `projection.track`, a page per replay turn."""
+    store = gw.broker.store
+    s = gw.settings
+    slots = gw.hub.replay_slots
+    pos = 0
+    while pos < after:
+        await slots.acquire(user)
+        try:
+            page = await store.stream_page(
+                True, run_id, pos, min(s.page_max_events, after - pos), retry_s=s.db_retry_s
+            )
+        finally:
+            slots.release()
+        if not page:
+            return  # cannot happen below the head; never loop on it
+        for e in page:
+            ev = decode(e.payload)
+            if ev is not None:
+                projection.track(ev)
+        pos = page[-1].seq
