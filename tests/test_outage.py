@@ -313,6 +313,20 @@ async def test_clients_of_every_transport_ride_out_a_postgres_outage(
         assert rec["states"][-1] == ["live", None]
 
 
+def _langgraph(sid: str, run_id: str) -> list[tuple[str, str, Any, dict[str, str]]]:
+    """The LangGraph compat routes (gateway/compat/langgraph_api.py)."""
+    base = f"/v1/compat/langgraph/threads/{sid}"
+    human = {"input": {"messages": [{"role": "user", "content": "hi"}]}}
+    return [
+        ("POST", "/v1/compat/langgraph/threads", {}, {}),
+        ("GET", base, None, {}),
+        ("POST", f"{base}/runs/stream", human, {}),
+        ("GET", f"{base}/runs/{run_id}", None, {}),
+        ("GET", f"{base}/runs/{run_id}/stream", None, {}),
+        ("POST", f"{base}/runs/{run_id}/cancel", None, {}),
+    ]
+
+
 async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_down(
     killable: KillableStack, http: aiohttp.ClientSession
 ) -> None:
@@ -344,6 +358,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("GET", f"/v1/runs/{run_id}/events", None, sse),
             ("POST", f"/v1/runs/{run_id}/interrupt", {"reason": "x"}, {}),
             ("POST", f"/v1/runs/{run_id}/approvals/{aid}", {"decision": "approve"}, {}),
+            *_langgraph(sid, run_id),
         ]
         # Every route under /v1 that can touch storage is in the table (the
         # OpenAPI document and /v1/config are static; the WebSocket is covered below).

@@ -79,7 +79,6 @@ class LangGraph(Projection):
         self._turn: str | None = None  # the message the turn's tool calls belong to
         self._calls: dict[str, tuple[str, int]] = {}  # tool call -> (its message, index there)
         self._per_message: dict[str, int] = {}  # message -> tool calls in it so far
-        self._end_status = "success"  # the `end` status once the run ended
         self._state = _State(ctx) if "values" in modes else None
 
     # -- the Projection interface
@@ -99,11 +98,6 @@ class LangGraph(Projection):
             msg, index = self._calls[span.id]
             out.append(self._chunk(msg, tool={"id": span.id, "name": span.name, "args": "",
                                               "index": index}))  # fmt: skip
-        if self.spans.ended:
-            # Joined at the end of an ended run: its end again (the SDK needs a body).
-            out.append(self._end(self._end_status))
-            self.done = True
-            return self._keep(out, None)
         waiting = [a for a in self.spans.pending_approvals.values()
                    if a.approval_id not in self.ctx.decided]  # fmt: skip
         if waiting:
@@ -155,7 +149,7 @@ class LangGraph(Projection):
                 out.append(Wire(json({"error": ev.code, "message": ev.message}), event="error"))
             case events.RunEnd():
                 out.extend(self._values())
-                out.append(self._end(self._end_status))
+                out.append(self._end(_END_STATUS.get(ev.status, "error")))
                 self.done = True
             case _:
                 out.append(Wire(json(_custom(ev)), event="custom"))
@@ -178,8 +172,6 @@ class LangGraph(Projection):
                 self._calls[ev.tool_call_id] = (msg, n)
             case events.ToolResult():
                 self._turn = None  # the next model turn is a new message
-            case events.RunEnd():
-                self._end_status = _END_STATUS.get(ev.status, "error")
         if self._state is not None:
             self._state.apply(ev, self._calls)
 
