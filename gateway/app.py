@@ -21,6 +21,7 @@ from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, console, credentials, openapi, rest, ws
 from .compat import langgraph_api
+from .compat import openai_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -199,6 +200,7 @@ def build_app(
     r.add_post("/v1/runs/{run_id}/interrupt", rest.interrupt)
     r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
     langgraph_api.routes(app)
+    openai_http.routes(app)
     if STATIC_DIR.is_dir():
         r.add_static("/static/", STATIC_DIR)
     return app
