@@ -20,8 +20,7 @@ from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, console, credentials, openapi, rest, ws
-from .compat import langgraph_api
-from .compat import openai_http
+from .compat import langgraph_api, openai_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
