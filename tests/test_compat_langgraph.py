@@ -255,6 +255,7 @@ def test_values_mode_carries_the_thread_state_after_each_step() -> None:
 
 def test_stream_modes_outside_the_served_ones_are_refused() -> None:
     assert parse_modes([]) == {"values"}
+    assert parse_modes([], ["updates"]) == {"updates"}
     assert parse_modes(["messages-tuple", "updates"]) == {"messages-tuple", "updates"}
     for bad in ("messages", "events", "debug", "tasks", "checkpoints"):
         with pytest.raises(UnsupportedStreamMode) as e:
@@ -363,9 +364,10 @@ Part = dict[str, Any]
 
 async def _js(gw: RunningGateway, user: str, steps: list[dict[str, Any]], *,
               url: str | None = None, on_part: Callable[[Part], Awaitable[None]] | None = None,
-              timeout_s: float = 90) -> dict[str, Any]:  # fmt: skip
-    """Run tests/clients/langgraph.mjs (the real @langchain/langgraph-sdk)."""
-    cfg = {"url": (url or gw.url) + PREFIX, "token": gw.token(user), "modes": MODES,
+              modes: list[str] | None = MODES, timeout_s: float = 90) -> dict[str, Any]:  # fmt: skip
+    """Run tests/clients/langgraph.mjs (the real @langchain/langgraph-sdk);
+    `modes` None sends no stream_mode."""
+    cfg = {"url": (url or gw.url) + PREFIX, "token": gw.token(user), "modes": modes,
            "steps": steps}  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         "node", str(CLIENTS / "langgraph.mjs"), json.dumps(cfg), cwd=CLIENTS,
@@ -697,8 +699,18 @@ async def test_an_ended_run_joined_from_its_end_and_stopped_runs(
             {"op": "join", "thread_id": sid, "run_id": run_id, "last_event_id": str(len(log))},
             {"op": "get", "thread_id": sid, "run_id": run_id},
         ])  # fmt: skip
+        # Joined without stream modes: all of them, `values` (the thread state) too.
+        every = await _js(gw, "alice", [{"op": "join", "thread_id": sid, "run_id": run_id}],
+                          modes=None)  # fmt: skip
     end = log[-1]
     assert isinstance(end, events.RunEnd) and end.status == "aborted"
+    assert {p["event"] for p in every["parts"]} >= {"metadata", "messages", "custom", "values"}
+    assert _assembled(every) == _from_log(log)
+    state = every["values"][-1]["messages"]
+    assert state[0] == {"type": "human", "id": f"{run_id}.input", "content": "a long answer"}
+    assert {m["id"]: m["content"] for m in state[1:]} == {
+        k: m["content"] for k, m in _from_log(log).items()
+    }
     assert end.stop is not None and end.stop.requested_by == "bob"
     assert got["ends"] == [{"run_id": run_id, "status": "interrupted"}]
     assert _assembled(got) == _from_log(log)

@@ -59,9 +59,9 @@ class UnsupportedStreamMode(errors.ClientError):
     code = "invalid_request"
 
 
-def parse_modes(raw: Iterable[str]) -> frozenset[str]:
-    """The stream modes asked for (LangGraph's default when none), or 400."""
-    modes = [m for m in raw if m != ""] or list(DEFAULT_MODES)
+def parse_modes(raw: Iterable[str], default: Iterable[str] = DEFAULT_MODES) -> frozenset[str]:
+    """The stream modes asked for (`default` when none), or 400."""
+    modes = [m for m in raw if m != ""] or list(default)
     bad = sorted(set(modes) - MODES)
     if bad:
         raise UnsupportedStreamMode(

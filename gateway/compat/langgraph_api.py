@@ -31,7 +31,7 @@ from .. import auth, sse
 from ..context import GATEWAY, Gateway, json_response
 from ..rest import InvalidRequest
 from .base import Context
-from .langgraph import LangGraph, parse_modes
+from .langgraph import MODES, LangGraph, parse_modes
 from .serve import Framing, serve_run
 
 PREFIX = "/v1/compat/langgraph"
@@ -283,7 +283,9 @@ async def join_stream(request: web.Request) -> web.StreamResponse:
     p = _principal(request)
     thread_id, run_id = request.match_info["thread_id"], request.match_info["run_id"]
     after = sse.cursor_from(request)
-    modes = parse_modes(request.query.getall("stream_mode", []))
+    # LangGraph joins with the modes the run was made with; runlog's runs have
+    # none, so a join without modes gets them all.
+    modes = parse_modes(request.query.getall("stream_mode", []), MODES)
     await _run_in_thread(gw, p.user, thread_id, run_id)
     return await _serve(request, gw, p, thread_id, run_id, after, modes)
 

@@ -26,7 +26,8 @@ const client = new Client({
   apiKey: null,
   defaultHeaders: { Authorization: `Bearer ${cfg.token}` },
 });
-const streamMode = cfg.modes ?? ["messages-tuple", "updates", "custom"];
+// "modes": null sends none (the server's default).
+const streamMode = cfg.modes === null ? undefined : cfg.modes ?? ["messages-tuple", "updates", "custom"];
 const messages = new MessageTupleManager();
 const out = { parts: [], interrupts: [], ends: [], errors: [], created: [], custom: [],
               updates: [], values: [], metadata: [], results: [] };
