@@ -23,7 +23,7 @@ from gateway.compat.base import Context, Wire
 from gateway.compat.langgraph import LangGraph, UnsupportedStreamMode, parse_modes
 from gateway.rest import InvalidRequest
 
-from .gw import RunningGateway, running_gateway, session_with
+from .gw import RunningGateway, running_gateway, session_with, write_run
 from .proxy import CuttingProxy
 from .workerkit import of, running_worker, stored, wait_event
 
@@ -806,3 +806,60 @@ async def test_refusals_conflicts_and_the_api_key_header(
         log = await stored(b, run_id)
     decided = of(log, events.ApprovalDecided)
     assert [(d.decision, d.decided_by) for d in decided] == [("reject", "alice")]
+
+
+async def test_bad_requests_get_coded_errors_and_start_nothing(
+    settings: Settings, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    async with running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice")
+        run_id, _ = await write_run(broker, sid, 3)
+        t = f"{gw.url}{PREFIX}/threads/{sid}"
+        human = {"messages": [{"role": "user", "content": "hi"}]}
+        ap = f"ap_{'x' * 22}"
+        table: list[tuple[str, str, bytes | None, dict[str, str], int, str]] = [
+            ("POST", f"{gw.url}{PREFIX}/threads", b"{", {}, 400, "invalid_request"),
+            ("POST", f"{gw.url}{PREFIX}/threads", b'{"metadata": {"title": "a\\u0000"}}', {},
+             400, "invalid_request"),
+            ("POST", f"{gw.url}{PREFIX}/threads", b'{"thread_id": "mine"}', {}, 400,
+             "invalid_request"),
+            ("POST", f"{t}/runs/stream", b"[1]", {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", b"{}", {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", json.dumps({"input": {"messages": []}}).encode(), {},
+             400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", json.dumps({"input": {"messages": [
+                {"role": "user", "content": "a\u0000"}]}}).encode(), {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", json.dumps({"input": human, "stream_mode": 3}).encode(),
+             {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", json.dumps({"input": human, "stream_mode": "debug"}
+                                                    ).encode(), {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", json.dumps({"input": {"messages": [
+                {"role": "user", "content": "x" * 40000}]}}).encode(), {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", b'{"command": {"goto": "agent"}}', {}, 400,
+             "invalid_request"),
+            ("POST", f"{t}/runs/stream", b'{"command": {}}', {}, 400, "invalid_request"),
+            ("POST", f"{t}/runs/stream", b'{"command": {"resume": "approve"}}', {}, 404,
+             "approval_not_found"),
+            ("POST", f"{t}/runs/stream", json.dumps({"command": {"resume": {ap: "approve"}}}
+                                                    ).encode(), {}, 403, "not_a_member"),
+            ("POST", f"{t}/runs/stream", json.dumps({"command": {"resume": {ap: {
+                "decision": "approve", "comment": "\u0000"}}}}).encode(), {}, 400,
+             "invalid_request"),
+            ("GET", f"{t}/runs/{run_id}/stream", None, {"Last-Event-ID": "x"}, 400,
+             "invalid_cursor"),
+            ("GET", f"{t}/runs/{run_id}/stream", None, {"Last-Event-ID": "99"}, 400,
+             "invalid_cursor"),
+            ("GET", f"{t}/runs/{run_id}/stream?stream_mode=events", None, {}, 400,
+             "invalid_request"),
+            ("GET", f"{t}/runs/r_nope/stream", None, {}, 403, "not_a_member"),
+            ("GET", f"{gw.url}{PREFIX}/threads/s_nope", None, {}, 403, "not_a_member"),
+            ("GET", f"{t}/runs/{run_id}", None, {"x-api-key": "nope", "Authorization": ""},
+             401, "unauthorized"),
+        ]  # fmt: skip
+        got = []
+        for method, url, body, headers, _, _ in table:
+            async with http.request(method, url, data=body,
+                                    headers={**gw.headers("alice"), **headers}) as r:  # fmt: skip
+                got.append((r.status, (await r.json())["error"]["code"]))
+        assert got == [(st, code) for *_, st, code in table]
+        assert [r.run_id for r in (await broker.store.session_info(sid)).runs] == [run_id]

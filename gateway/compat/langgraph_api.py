@@ -27,7 +27,7 @@ from aiohttp import web
 from broker import errors, events, ids
 from broker.store import RunInfo
 
-from .. import auth, sse
+from .. import auth, inputs, sse
 from ..context import GATEWAY, Gateway, json_response
 from ..rest import InvalidRequest
 from .base import Context
@@ -53,13 +53,13 @@ _RUN_STATUS = {  # runlog run status -> the LangGraph run status the SDKs expect
 
 class _ContentBlock(msgspec.Struct):
     type: str = ""
-    text: str = ""
+    text: inputs.LongText = ""
 
 
 class _Message(msgspec.Struct):
     role: str = ""
     type: str = ""
-    content: str | list[_ContentBlock | str] = ""
+    content: inputs.LongText | list[_ContentBlock | inputs.LongText] = ""
 
 
 class _Input(msgspec.Struct):
@@ -79,15 +79,19 @@ class _RunBody(msgspec.Struct, kw_only=True):
     stream_mode: str | list[str] = []
 
 
+class _Metadata(msgspec.Struct):
+    title: inputs.Text = ""
+
+
 class _ThreadBody(msgspec.Struct, kw_only=True):
     thread_id: str | None = None
-    metadata: dict[str, Any] = {}
+    metadata: _Metadata = msgspec.field(default_factory=_Metadata)
     if_exists: str = "raise"
 
 
 class _Decision(msgspec.Struct, forbid_unknown_fields=True):
     decision: str
-    comment: str = ""
+    comment: inputs.Text = ""
 
 
 def _decode(data: bytes, typ: type[Any], what: str) -> Any:
@@ -192,8 +196,7 @@ async def create_thread(request: web.Request) -> web.Response:
             )
         await auth.require_role(gw.broker.store, body.thread_id, p.user, auth.READ, "read")
         return json_response(await _thread(gw, body.thread_id))
-    title = body.metadata.get("title")
-    sid = await gw.broker.store.create_session(p.user, title if isinstance(title, str) else "")
+    sid = await gw.broker.store.create_session(p.user, body.metadata.title)
     return json_response(await _thread(gw, sid))
 
 
