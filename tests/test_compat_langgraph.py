@@ -720,6 +720,21 @@ async def test_an_ended_run_joined_from_its_end_and_stopped_runs(
     assert at_end["results"][0]["status"] == "interrupted"
 
 
+async def test_a_failed_run_is_an_error_then_its_end(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    async with running_worker(settings) as (b, _), running_gateway(settings) as gw:
+        sid = await session_with(http, gw, "alice")
+        got = await _js(gw, "alice", [{"op": "run", "thread_id": sid, "input": "fail model"}])
+        run_id = await _new_run(b, sid)
+        log = await stored(b, run_id)
+    (err,) = of(log, events.RunError)
+    assert got["run_errors"] == [{"error": err.code, "message": err.message}]
+    assert got["ends"] == [{"run_id": run_id, "status": "error"}]
+    assert _ids(got) == list(range(1, len(log) + 1))
+    assert _assembled(got) == _from_log(log)
+
+
 async def _post(http: aiohttp.ClientSession, url: str, body: Any, **headers: str
                 ) -> tuple[int, Any, dict[str, str]]:  # fmt: skip
     async with http.post(url, json=body, headers=headers) as r:

@@ -12,7 +12,8 @@
 // stdout: one {"part": {event, id}} line per stream part as it arrives (the
 // test cuts the connection on them), then {"result": ...}: the messages as
 // MessageTupleManager assembled them (@langchain/core AIMessageChunk.concat),
-// the interrupts, ends, runs seen, and every console warning the SDK logged.
+// the interrupts, ends, `error` events (run_errors), runs seen, and every
+// console warning the SDK logged (and, in errors, every step that threw).
 import { Client } from "@langchain/langgraph-sdk";
 import { MessageTupleManager } from "@langchain/langgraph-sdk/ui";
 
@@ -29,7 +30,7 @@ const client = new Client({
 // "modes": null sends none (the server's default).
 const streamMode = cfg.modes === null ? undefined : cfg.modes ?? ["messages-tuple", "updates", "custom"];
 const messages = new MessageTupleManager();
-const out = { parts: [], interrupts: [], ends: [], errors: [], created: [], custom: [],
+const out = { parts: [], interrupts: [], ends: [], errors: [], run_errors: [], created: [], custom: [],
               updates: [], values: [], metadata: [], results: [] };
 
 async function consume(stream) {
@@ -51,7 +52,7 @@ async function consume(stream) {
       case "values": out.values.push(part.data); break;
       case "metadata": out.metadata.push(part.data); break;
       case "end": out.ends.push(part.data); break;
-      case "error": out.errors.push(part.data); break;
+      case "error": out.run_errors.push(part.data); break;
       default: out.errors.push({ unexpected: part.event });
     }
   }
