@@ -328,6 +328,20 @@ def aisdk_rows(sid: str, run_id: str, aid: str) -> list[tuple[str, str, Any, dic
     ]  # fmt: skip
 
 
+def _langgraph(sid: str, run_id: str) -> list[tuple[str, str, Any, dict[str, str]]]:
+    """The LangGraph compat routes (gateway/compat/langgraph_api.py)."""
+    base = f"/v1/compat/langgraph/threads/{sid}"
+    human = {"input": {"messages": [{"role": "user", "content": "hi"}]}}
+    return [
+        ("POST", "/v1/compat/langgraph/threads", {}, {}),
+        ("GET", base, None, {}),
+        ("POST", f"{base}/runs/stream", human, {}),
+        ("GET", f"{base}/runs/{run_id}", None, {}),
+        ("GET", f"{base}/runs/{run_id}/stream", None, {}),
+        ("POST", f"{base}/runs/{run_id}/cancel", None, {}),
+    ]
+
+
 async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_down(
     killable: KillableStack, http: aiohttp.ClientSession
 ) -> None:
@@ -361,6 +375,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("GET", f"/v1/runs/{run_id}/events", None, sse),
             ("POST", f"/v1/runs/{run_id}/interrupt", {"reason": "x"}, {}),
             ("POST", f"/v1/runs/{run_id}/approvals/{aid}", {"decision": "approve"}, {}),
+            *_langgraph(sid, run_id),
             ("POST", f"/v1/compat/openai/sessions/{sid}/chat/completions", chat, {}),
             ("POST", f"/v1/compat/openai/runs/{run_id}/chat/completions", chat, {}),
             *aisdk_rows(sid, run_id, aid),

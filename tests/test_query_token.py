@@ -68,7 +68,8 @@ def _path(canonical: str, ids: dict[str, str]) -> str:
 async def _ids(gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker) -> dict[str, str]:
     sid = await session_with(http, gw, "alice")
     run_id, _ = await write_run(broker, sid, 3)
-    return {"session_id": sid, "run_id": run_id, "approval_id": "ap_none", "user_id": "bob"}
+    return {"session_id": sid, "run_id": run_id, "approval_id": "ap_none", "user_id": "bob",
+            "thread_id": sid}  # fmt: skip
 
 
 async def _refusal(r: aiohttp.ClientResponse) -> str:
