@@ -67,7 +67,7 @@ class InvalidRequest(errors.ClientError):
     code = "invalid_request"
 
 
-B = TypeVar("B", bound=_Body)
+B = TypeVar("B", bound=msgspec.Struct)  # _Body, or a foreign format's lenient input (compat)
 
 
 async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:
