@@ -20,7 +20,7 @@ from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, console, credentials, openapi, rest, ws
-from .compat import agui_http
+from .compat import agui_http, openai_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -199,6 +199,7 @@ def build_app(
     r.add_post("/v1/runs/{run_id}/interrupt", rest.interrupt)
     r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
     agui_http.routes(app)
+    openai_http.routes(app)
     if STATIC_DIR.is_dir():
         r.add_static("/static/", STATIC_DIR)
     return app

@@ -328,6 +328,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
                                    epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
         sse = {"Accept": "text/event-stream"}
+        chat = {"stream": True, "messages": [{"role": "user", "content": "hi"}]}
         table: list[tuple[str, str, dict[str, Any] | None, dict[str, str]]] = [
             ("POST", "/v1/sessions", {"title": "x"}, {}),
             ("GET", "/v1/sessions", None, {}),
@@ -344,6 +345,8 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("GET", f"/v1/runs/{run_id}/events", None, sse),
             ("POST", f"/v1/runs/{run_id}/interrupt", {"reason": "x"}, {}),
             ("POST", f"/v1/runs/{run_id}/approvals/{aid}", {"decision": "approve"}, {}),
+            ("POST", f"/v1/compat/openai/sessions/{sid}/chat/completions", chat, {}),
+            ("POST", f"/v1/compat/openai/runs/{run_id}/chat/completions", chat, {}),
         ]
         # Every route under /v1 that can touch storage is in the table (the
         # OpenAPI document and /v1/config are static; the WebSocket is covered below).
