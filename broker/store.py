@@ -155,11 +155,19 @@ class RunSummary(NamedTuple):
     last_seq: int
 
 
+class StreamPolicy(NamedTuple):
+    """What the session lets a Sim agent-events-v1 client see (docs/compat.md)."""
+
+    include_thinking: bool = False
+    include_tool_calls: bool = False
+
+
 class SessionInfo(NamedTuple):
     head: int
     run_policy: str
     members: list[tuple[str, str]]  # (user_id, role)
     runs: list[RunSummary]  # newest first
+    stream_policy: StreamPolicy = StreamPolicy()
 
 
 _PAGE_COLUMNS = "run_id, seq, cursor, type, payload"
@@ -193,14 +201,20 @@ class Store:
     # -- sessions and members
 
     @_writes("session create")
-    async def create_session(self, created_by: str, title: str = "") -> str:
+    async def create_session(
+        self, created_by: str, title: str = "", stream_policy: StreamPolicy | None = None
+    ) -> str:
+        stream_policy = stream_policy or StreamPolicy()
         session_id = ids.session_id()
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                "INSERT INTO sessions (session_id, title, created_by) VALUES ($1, $2, $3)",
+                "INSERT INTO sessions (session_id, title, created_by, include_thinking,"
+                " include_tool_calls) VALUES ($1, $2, $3, $4, $5)",
                 session_id,
                 title,
                 created_by,
+                stream_policy.include_thinking,
+                stream_policy.include_tool_calls,
             )
             await conn.execute(
                 "INSERT INTO members (session_id, user_id, role, added_by) "
@@ -333,7 +347,9 @@ class Store:
         """A session's head, run policy, members (oldest first) and most recent runs."""
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
-                "SELECT last_cursor, run_policy FROM sessions WHERE session_id = $1", session_id
+                "SELECT last_cursor, run_policy, include_thinking, include_tool_calls"
+                " FROM sessions WHERE session_id = $1",
+                session_id,
             )
             if row is None:
                 raise errors.SessionNotFound(f"no session {session_id}")
@@ -348,8 +364,9 @@ class Store:
                 runs_limit,
             )
         return SessionInfo(
-            row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs]
-        )
+            row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs],
+            StreamPolicy(row[2], row[3]),
+        )  # fmt: skip
 
     @_reads("approval read")
     async def approval(self, approval_id: str) -> approvals.ApprovalInfo:
@@ -578,6 +595,48 @@ class Store:
         await self.pool.execute(
             "UPDATE sessions SET run_policy = $2 WHERE session_id = $1", session_id, policy
         )
+
+    @_reads("stream policy read")
+    async def stream_policy(self, session_id: str) -> StreamPolicy:
+        row = await self.pool.fetchrow(
+            "SELECT include_thinking, include_tool_calls FROM sessions WHERE session_id = $1",
+            session_id,
+        )
+        if row is None:
+            raise errors.SessionNotFound(f"no session {session_id}")
+        return StreamPolicy(row[0], row[1])
+
+    @_writes("stream policy update")
+    async def set_stream_policy(
+        self, session_id: str, by: str, *, include_thinking: bool | None = None,
+        include_tool_calls: bool | None = None,
+    ) -> tuple[StreamPolicy, StreamPolicy]:  # fmt: skip
+        """Change what the session exposes (None: keep it) and audit the
+        change, in one transaction. Returns (before, after)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT include_thinking, include_tool_calls FROM sessions"
+                " WHERE session_id = $1 FOR UPDATE",
+                session_id,
+            )
+            if row is None:
+                raise errors.SessionNotFound(f"no session {session_id}")
+            before = StreamPolicy(row[0], row[1])
+            after = StreamPolicy(
+                before.include_thinking if include_thinking is None else include_thinking,
+                before.include_tool_calls if include_tool_calls is None else include_tool_calls,
+            )
+            await conn.execute(
+                "UPDATE sessions SET include_thinking = $2, include_tool_calls = $3"
+                " WHERE session_id = $1",
+                session_id,
+                *after,
+            )
+            await self.audit(
+                by, "set_stream_policy", session_id=session_id,
+                detail={**after._asdict(), "previous": before._asdict()}, conn=conn,
+            )  # fmt: skip
+        return before, after
 
     @_writes("interrupt request")
     async def request_interrupt(self, run_id: str, requested_by: str, reason: str) -> bool:

@@ -20,7 +20,7 @@ from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, console, credentials, openapi, rest, ws
-from .compat import agui_http, openai_http
+from .compat import agentui_http, agui_http, aisdk_http, openai_http, sim_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -82,7 +82,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 # cookies: no credentialed CORS is needed.
 _CORS_PREFLIGHT = {
     "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE",
-    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, Last-Event-ID",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, Accept, Last-Event-ID, "
+    "X-Sim-Stream-Protocol",
     "Access-Control-Max-Age": "600",
 }
 
@@ -189,6 +190,7 @@ def build_app(
     r.add_post("/v1/sessions", rest.create_session)
     r.add_get("/v1/sessions", rest.list_sessions)
     r.add_get("/v1/sessions/{session_id}", rest.get_session)
+    r.add_patch("/v1/sessions/{session_id}", rest.update_session)
     r.add_post("/v1/sessions/{session_id}/members", rest.add_member)
     r.add_patch("/v1/sessions/{session_id}/members/{user_id}", rest.set_member_role)
     r.add_delete("/v1/sessions/{session_id}/members/{user_id}", rest.remove_member)
@@ -200,6 +202,9 @@ def build_app(
     r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
     agui_http.routes(app)
     openai_http.routes(app)
+    aisdk_http.routes(app)
+    sim_http.routes(app)
+    agentui_http.routes(app)
     if STATIC_DIR.is_dir():
         r.add_static("/static/", STATIC_DIR)
     return app

@@ -138,7 +138,8 @@ def _agui_paths() -> dict[str, Any]:
 @functools.cache
 def document() -> dict[str, Any]:
     bodies = (rest.CreateSession, rest.AddMember, rest.SetRole, rest.StartRun,
-              rest.InterruptBody, rest.DecideBody, agui_http.RunAgentInput)  # fmt: skip
+              rest.InterruptBody, rest.DecideBody, rest.UpdateSession,
+              agui_http.RunAgentInput)  # fmt: skip
     (_, *_rest), components = msgspec.json.schema_components(
         [*bodies, events.AnyEvent], ref_template="#/components/schemas/{name}"
     )
@@ -167,7 +168,11 @@ def document() -> dict[str, Any]:
                                          body="CreateSession", ok=(201,)),
                              "get": _op("Your sessions, newest first")},
             "/v1/sessions/{session_id}": {"get": _op("A session: members, runs, head",
-                                                     params=("session_id",), errors=(403,))},
+                                                     params=("session_id",), errors=(403,)),
+                                          "patch": _op("Change what Sim agent-events-v1 "
+                                                       "clients may see (owners only; audited)",
+                                                       body="UpdateSession",
+                                                       params=("session_id",), errors=(403,))},
             "/v1/sessions/{session_id}/members": {
                 "post": _op("Add a member or change its role, as PATCH does (owners only)",
                             body="AddMember", ok=201, params=("session_id",),

@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from broker import errors, ids
-from broker.store import StoredEvent
+from broker.store import StoredEvent, StreamPolicy
 
 from . import auth, inputs, sse
 from .context import GATEWAY, Gateway, json_response
@@ -32,6 +32,16 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class CreateSession(_Body):
     title: Text = ""
     run_policy: Policy = "enqueue"
+    # What Sim agent-events-v1 clients may see (docs/compat.md).
+    include_thinking: bool = False
+    include_tool_calls: bool = False
+
+
+class UpdateSession(_Body):
+    """PATCH: the fields given change, the others stay (owners only)."""
+
+    include_thinking: bool | None = None
+    include_tool_calls: bool | None = None
 
 
 class AddMember(_Body):
@@ -67,7 +77,7 @@ class InvalidRequest(errors.ClientError):
     code = "invalid_request"
 
 
-B = TypeVar("B", bound=msgspec.Struct)  # _Body, or a foreign format's lenient input (compat)
+B = TypeVar("B", bound=msgspec.Struct)  # _Body, or a compat format's own body
 
 
 async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:
@@ -106,10 +116,28 @@ async def create_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = gw.principal(request)
     body = await read_body(request, CreateSession, gw)
-    sid = await gw.broker.store.create_session(p.user, body.title)
+    policy = StreamPolicy(body.include_thinking, body.include_tool_calls)
+    sid = await gw.broker.store.create_session(p.user, body.title, policy)
     if body.run_policy != "enqueue":
         await gw.broker.store.set_run_policy(sid, body.run_policy)
-    return json_response({"session_id": sid, "run_policy": body.run_policy}, 201)
+    return json_response(
+        {"session_id": sid, "run_policy": body.run_policy, **policy._asdict()}, 201
+    )
+
+
+async def update_session(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = gw.principal(request)
+    sid = request.match_info["session_id"]
+    body = await read_body(request, UpdateSession, gw)
+    if body.include_thinking is None and body.include_tool_calls is None:
+        raise InvalidRequest("nothing to change: give include_thinking or include_tool_calls")
+    await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "change session policies")
+    before, after = await gw.broker.store.set_stream_policy(
+        sid, p.user, include_thinking=body.include_thinking,
+        include_tool_calls=body.include_tool_calls,
+    )  # fmt: skip
+    return json_response({"session_id": sid, **after._asdict(), "previous": before._asdict()})
 
 
 async def list_sessions(request: web.Request) -> web.Response:
@@ -140,6 +168,7 @@ async def get_session(request: web.Request) -> web.Response:
             "your_role": role,
             "head": info.head,
             "run_policy": info.run_policy,
+            **info.stream_policy._asdict(),
             "members": [{"user_id": u, "role": r} for u, r in info.members],
             "runs": [r._asdict() for r in info.runs],
         }

@@ -151,6 +151,7 @@ _BAD_IDS = {
 
 _ID_ENDPOINTS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/sessions/{sid}", None),
+    ("PATCH", "/v1/sessions/{sid}", {"include_thinking": True}),
     ("POST", "/v1/sessions/{sid}/members", {"user_id": "zed", "role": "viewer"}),
     ("POST", "/v1/sessions/{sid}/runs", {"input": "x"}),
     ("GET", "/v1/sessions/{sid}/events", None),
@@ -160,6 +161,10 @@ _ID_ENDPOINTS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/runs/{rid}/approvals/{aid}", {"decision": "reject"}),
     ("PATCH", "/v1/sessions/{sid}/members/zed", {"role": "viewer"}),
     ("DELETE", "/v1/sessions/{sid}/members/zed", None),
+    ("POST", "/v1/compat/sim/sessions/{sid}/chat", {"input": "x"}),
+    ("GET", "/v1/compat/sim/runs/{rid}/stream", None),
+    ("POST", "/v1/compat/agent-ui/sessions/{sid}/runs", {"goal": "x"}),
+    ("GET", "/v1/compat/agent-ui/runs/{rid}/events", None),
 ]
 
 # Malformed user ids in a member path, percent-encoded: answered as a

@@ -313,6 +313,21 @@ async def test_clients_of_every_transport_ride_out_a_postgres_outage(
         assert rec["states"][-1] == ["live", None]
 
 
+def aisdk_rows(sid: str, run_id: str, aid: str) -> list[tuple[str, str, Any, dict[str, str]]]:
+    """The AI SDK's routes (gateway/compat/aisdk_http.py): a message, an approval answer."""
+    answer = {"type": "dynamic-tool", "toolCallId": "c1", "toolName": "t",
+              "state": "approval-responded", "approval": {"id": aid, "approved": True}}  # fmt: skip
+    return [
+        ("GET", f"/v1/compat/ai-sdk/runs/{run_id}/stream", None, {}),
+        ("POST", "/v1/compat/ai-sdk/runs",
+         {"id": run_id, "messages": [{"id": run_id, "role": "assistant", "parts": [answer]}]}, {}),
+        ("POST", f"/v1/compat/ai-sdk/sessions/{sid}",
+         {"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]},
+         {}),
+        ("GET", f"/v1/compat/ai-sdk/sessions/{sid}/stream", None, {}),
+    ]  # fmt: skip
+
+
 async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_down(
     killable: KillableStack, http: aiohttp.ClientSession
 ) -> None:
@@ -329,10 +344,12 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
         sse = {"Accept": "text/event-stream"}
         chat = {"stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        agui_input = {"messages": [{"id": "u1", "role": "user", "content": "hi"}]}
         table: list[tuple[str, str, dict[str, Any] | None, dict[str, str]]] = [
             ("POST", "/v1/sessions", {"title": "x"}, {}),
             ("GET", "/v1/sessions", None, {}),
             ("GET", f"/v1/sessions/{sid}", None, {}),
+            ("PATCH", f"/v1/sessions/{sid}", {"include_thinking": True}, {}),
             ("POST", f"/v1/sessions/{sid}/members", {"user_id": "bob", "role": "viewer"}, {}),
             ("PATCH", f"/v1/sessions/{sid}/members/alice", {"role": "owner"}, {}),
             ("DELETE", f"/v1/sessions/{sid}/members/bob", None, {}),
@@ -347,6 +364,13 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("POST", f"/v1/runs/{run_id}/approvals/{aid}", {"decision": "approve"}, {}),
             ("POST", f"/v1/compat/openai/sessions/{sid}/chat/completions", chat, {}),
             ("POST", f"/v1/compat/openai/runs/{run_id}/chat/completions", chat, {}),
+            *aisdk_rows(sid, run_id, aid),
+            ("POST", f"/v1/compat/sim/sessions/{sid}/chat", {"input": "hi"}, {}),
+            ("GET", f"/v1/compat/sim/runs/{run_id}/stream", None, {}),
+            ("POST", f"/v1/compat/agent-ui/sessions/{sid}/runs", {"goal": "hi"}, {}),
+            ("GET", f"/v1/compat/agent-ui/runs/{run_id}/events?after=1", None, {}),
+            ("POST", f"/v1/compat/agui/runs/{run_id}", {"messages": []}, sse),
+            ("POST", f"/v1/compat/agui/sessions/{sid}", agui_input, sse),
         ]
         # Every route under /v1 that can touch storage is in the table (the
         # OpenAPI document and /v1/config are static; the WebSocket is covered below).
