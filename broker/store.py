@@ -377,6 +377,19 @@ class Store:
         """Every approval of the run, decided or not, oldest first."""
         return await approvals.open_for_run(self.pool, run_id)
 
+    @_reads("approval event read")
+    async def approval_seq(self, run_id: str, approval_id: str) -> int | None:
+        """The seq of the run's `approval_required` for `approval_id` (None:
+        not in its log)."""
+        seq = await self.pool.fetchval(
+            "SELECT seq FROM events WHERE run_id = $1 AND type = 'approval_required'"
+            " AND convert_from(payload, 'UTF8')::jsonb ->> 'approval_id' = $2"
+            " ORDER BY seq LIMIT 1",
+            run_id,
+            approval_id,
+        )
+        return None if seq is None else int(seq)
+
     async def ping(self, timeout_s: float) -> bool:
         """Whether PostgreSQL answers within `timeout_s` (no retries: for /readyz)."""
         try:

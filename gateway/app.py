@@ -20,7 +20,7 @@ from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from . import _aio, auth, console, credentials, openapi, rest, ws
-from .compat import agentui_http, aisdk_http, langgraph_api, openai_http, sim_http
+from .compat import agentui_http, agui_http, aisdk_http, langgraph_api, openai_http, sim_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -201,6 +201,7 @@ def build_app(
     r.add_post("/v1/runs/{run_id}/interrupt", rest.interrupt)
     r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
     langgraph_api.routes(app)
+    agui_http.routes(app)
     openai_http.routes(app)
     aisdk_http.routes(app)
     sim_http.routes(app)

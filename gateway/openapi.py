@@ -14,6 +14,7 @@ import msgspec
 from broker import events
 
 from . import inputs, rest
+from .compat import agui_http
 
 _ERROR = {
     "type": "object",
@@ -113,10 +114,32 @@ def _config_op() -> dict[str, Any]:
     return op
 
 
+def _stream_op(summary: str, params: tuple[str, ...], errors: tuple[int, ...]) -> dict[str, Any]:
+    """A compat format's answer: only ever an event stream (docs/compat.md)."""
+    op = _op(summary, body="RunAgentInput", params=params, errors=errors)
+    op["responses"]["200"]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    op["parameters"].append({"name": "Last-Event-ID", "in": "header",
+                             "schema": {"type": "string", "pattern": "^[0-9]+$"}})  # fmt: skip
+    return op
+
+
+def _agui_paths() -> dict[str, Any]:
+    p = agui_http.PREFIX
+    return {
+        p + "/runs/{run_id}": {"post": _stream_op(
+            "AG-UI: a run's events from a cursor (forwardedProps.runlog.after or Last-Event-ID);"
+            " resume[] decides its approvals", ("run_id",), (400, 403, 409, 410, 429))},
+        p + "/sessions/{session_id}": {"post": _stream_op(
+            "AG-UI: the last user message starts a run, answered as it streams (with resume[]:"
+            " decide and continue that run)", ("session_id",), (400, 403, 409, 410, 429))},
+    }  # fmt: skip
+
+
 @functools.cache
 def document() -> dict[str, Any]:
     bodies = (rest.CreateSession, rest.AddMember, rest.SetRole, rest.StartRun,
-              rest.InterruptBody, rest.DecideBody, rest.UpdateSession)  # fmt: skip
+              rest.InterruptBody, rest.DecideBody, rest.UpdateSession,
+              agui_http.RunAgentInput)  # fmt: skip
     (_, *_rest), components = msgspec.json.schema_components(
         [*bodies, events.AnyEvent], ref_template="#/components/schemas/{name}"
     )
@@ -178,5 +201,6 @@ def document() -> dict[str, Any]:
                             body="DecideBody", ok=(201, 200), params=("run_id", "approval_id"),
                             errors=(403, 404, 409, 410))},
             "/v1/ws": {"get": ws_op},
+            **_agui_paths(),
         },
     }  # fmt: skip

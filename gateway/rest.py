@@ -77,7 +77,7 @@ class InvalidRequest(errors.ClientError):
     code = "invalid_request"
 
 
-B = TypeVar("B", bound=msgspec.Struct)  # _Body, or a compat format's own (strict) body
+B = TypeVar("B", bound=msgspec.Struct)  # _Body, or a compat format's own body
 
 
 async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:

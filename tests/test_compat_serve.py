@@ -34,7 +34,12 @@ PATH = "/test/compat/runs/{run_id}"
 class Echo(Projection):
     def start(self) -> list[Wire]:
         opened = [s.id for s in self.spans.open_now()]
-        return [Wire(to_json({"start": self.spans.last_seq, "open": opened}))]
+        out = [Wire(to_json({"start": self.spans.last_seq, "open": opened}))]
+        for a in self.spans.pending_approvals.values():
+            if a.approval_id not in self.ctx.decided:  # resumed at it: ask again at once
+                out.append(Wire(to_json({"interrupt": a.approval_id})))
+                self.done = True
+        return out
 
     def feed(self, ev: events.Event) -> list[Wire]:
         out = [
@@ -210,18 +215,21 @@ async def test_an_undecided_approval_ends_the_answer_and_a_decided_one_streams_i
             {"interrupt": waiting},
             "[DONE]",
         ]
+        # Resumed right at it, still undecided: the envelope and the interrupt again.
+        got = _items(await _get(http, g, run_id, query="done=1", after=4))
+        assert got == [{"start": 4, "open": []}, {"interrupt": waiting}, "[DONE]"]
         # A decided approval (in PostgreSQL, before its event) streams inline.
         decided = await _approval(broker, w, "c1")
         await broker.decide(decided, "approve", "alice")
+        await w.append(events.ApprovalDecided(approval_id=waiting, decision="reject"))
         await w.append(events.ApprovalRequired(approval_id=decided, tool_call_id="c1"))
         await w.append(events.RunEnd(status="completed"))
         await w.flush()
-        got = _items(await _get(http, g, run_id, after=4))
+        got = _items(await _get(http, g, run_id, after=6))
         assert got == [
-            {"start": 4, "open": []},
-            {"seq": 5, "type": "status"},
-            {"seq": 6, "type": "approval_required"},
-            {"seq": 7, "type": "run_end"},
+            {"start": 6, "open": []},
+            {"seq": 7, "type": "approval_required"},
+            {"seq": 8, "type": "run_end"},
         ]
 
 

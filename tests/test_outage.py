@@ -358,6 +358,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
         sse = {"Accept": "text/event-stream"}
         chat = {"stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        agui_input = {"messages": [{"id": "u1", "role": "user", "content": "hi"}]}
         table: list[tuple[str, str, dict[str, Any] | None, dict[str, str]]] = [
             ("POST", "/v1/sessions", {"title": "x"}, {}),
             ("GET", "/v1/sessions", None, {}),
@@ -383,6 +384,8 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
             ("GET", f"/v1/compat/sim/runs/{run_id}/stream", None, {}),
             ("POST", f"/v1/compat/agent-ui/sessions/{sid}/runs", {"goal": "hi"}, {}),
             ("GET", f"/v1/compat/agent-ui/runs/{run_id}/events?after=1", None, {}),
+            ("POST", f"/v1/compat/agui/runs/{run_id}", {"messages": []}, sse),
+            ("POST", f"/v1/compat/agui/sessions/{sid}", agui_input, sse),
         ]
         # Every route under /v1 that can touch storage is in the table (the
         # OpenAPI document and /v1/config are static; the WebSocket is covered below).
