@@ -46,7 +46,7 @@ import msgspec
 
 from broker import events
 
-from .base import Context, Projection, Wire, json
+from .base import Context, Projection, Wire, joined, json
 from .spans import Close, Open, Span, Transition
 
 Chunk = dict[str, object]
@@ -58,11 +58,16 @@ _json_decoder = msgspec.json.Decoder()
 
 @dataclass
 class _Part:
-    """A text or reasoning part of the current step, as the client holds it."""
+    """A text or reasoning part of the current step, as the client holds it.
+    Its text is kept in the deltas' pieces (`base.joined`)."""
 
     kind: str
     id: str
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return joined(self.pieces)
 
 
 @dataclass
@@ -104,7 +109,7 @@ class AiSdkProjection(Projection):
                 st.parts.append(_Part(t.span.kind, t.span.id))
         match ev:
             case events.TextDelta() | events.ReasoningDelta():
-                st.parts[-1].text += ev.delta
+                st.parts[-1].pieces.append(ev.delta)
             case events.MessageReset():
                 kept = [p for p in st.parts if (p.kind, p.id) != ("text", ev.message_id)]
                 if len(kept) < len(st.parts) and not st.has_tool:

@@ -39,7 +39,7 @@ import msgspec
 
 from broker import errors, events
 
-from .base import Context, Projection, Wire, json
+from .base import Context, Projection, Wire, joined, json
 
 MESSAGES_TUPLE = "messages-tuple"
 MODES = frozenset({MESSAGES_TUPLE, "updates", "custom", "values"})
@@ -249,12 +249,17 @@ def _custom(ev: events.Event) -> dict[str, object]:
 
 
 class _State:
-    """The thread state a `values` frame carries: the run's messages so far."""
+    """The thread state a `values` frame carries: the run's messages so far.
+
+    An AI message's text and reasoning are kept in their deltas' pieces
+    (`base.joined`), joined into its dict when a frame is made (`snapshot`)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.messages: list[dict[str, object]] = []
         self._ai: dict[str, dict[str, object]] = {}  # message id -> its dict in `messages`
+        self._text: dict[str, list[str]] = {}  # message id -> its content's pieces
+        self._reasoning: dict[str, list[str]] = {}  # message id -> its reasoning's pieces
         self._args: dict[str, str] = {}  # tool call -> its argument text
 
     def apply(self, ev: events.Event, calls: dict[str, tuple[str, int]]) -> None:
@@ -263,15 +268,14 @@ class _State:
                 self.messages.append({"type": "human", "id": f"{self.ctx.run_id}.input",
                                       "content": ev.input})  # fmt: skip
             case events.TextDelta():
-                m = self._message(ev.message_id)
-                m["content"] = str(m["content"]) + ev.delta
+                self._message(ev.message_id)
+                self._text[ev.message_id].append(ev.delta)
             case events.ReasoningDelta():
-                kw = self._message(ev.message_id)["additional_kwargs"]
-                assert isinstance(kw, dict)
-                kw["reasoning_content"] = kw.get("reasoning_content", "") + ev.delta
+                self._message(ev.message_id)
+                self._reasoning.setdefault(ev.message_id, []).append(ev.delta)
             case events.MessageReset():
                 if ev.message_id in self._ai:
-                    self._ai[ev.message_id]["content"] = ""
+                    self._text[ev.message_id].clear()
             case events.ToolCallStart():
                 tool_calls = self._message(calls[ev.tool_call_id][0])["tool_calls"]
                 assert isinstance(tool_calls, list)
@@ -288,6 +292,12 @@ class _State:
                 self.messages.append(_tool_message(ev, self._name(ev.tool_call_id, calls)))
 
     def snapshot(self) -> dict[str, object]:
+        for mid, m in self._ai.items():
+            m["content"] = joined(self._text[mid])
+            if mid in self._reasoning:
+                kw = m["additional_kwargs"]
+                assert isinstance(kw, dict)
+                kw["reasoning_content"] = joined(self._reasoning[mid])
         return {"messages": self.messages}
 
     def _message(self, message_id: str) -> dict[str, object]:
@@ -296,6 +306,7 @@ class _State:
             m = {"type": "ai", "id": message_id, "content": "", "additional_kwargs": {},
                  "tool_calls": []}  # fmt: skip
             self._ai[message_id] = m
+            self._text[message_id] = []
             self.messages.append(m)
         return m
 
