@@ -68,8 +68,15 @@ class Spans:
     ended: bool = False
 
     def advance(self, ev: events.Event) -> list[Transition]:
-        out: list[Transition] = []
         self.last_seq = ev.seq
+        m = self.message
+        # The common case first, in a few comparisons: another delta of the
+        # open message (the `match` below would come to the same: nothing).
+        if m is not None and type(ev) is events.TextDelta and m.kind == "text":
+            if m.id == ev.message_id:
+                self.last_text_id = m.id
+                return []
+        out: list[Transition] = []
         match ev:
             case events.RunStart():
                 self.run_start = ev
