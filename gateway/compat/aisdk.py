@@ -70,7 +70,7 @@ class _Part:
         return joined(self.pieces)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     new: bool  # this event opens a new step (a turn after a tool result)
     transitions: list[Transition]
@@ -154,9 +154,10 @@ class AiSdkProjection(Projection):
             if isinstance(t, Open) and t.span.kind != "tool":
                 out.append({"type": f"{t.span.kind}-start", "id": t.span.id})
         out += self._render(ev, step)
-        wires = [Wire(json(c)) for c in out]
-        if wires:
-            wires[-1] = Wire(wires[-1].data, ev.seq)
+        if not out:
+            return []
+        wires = [Wire(json(c)) for c in out[:-1]]
+        wires.append(Wire(json(out[-1]), ev.seq))
         return wires
 
     def _start_chunk(self) -> Chunk:

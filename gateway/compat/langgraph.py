@@ -80,6 +80,11 @@ class LangGraph(Projection):
         self._calls: dict[str, tuple[str, int]] = {}  # tool call -> (its message, index there)
         self._per_message: dict[str, int] = {}  # message -> tool calls in it so far
         self._state = _State(ctx) if "values" in modes else None
+        # The `event:` names of the modes not asked for.
+        self._dropped = frozenset(e for e, m in _EVENT_MODE.items() if m not in modes)
+        # A text delta's frame around its content, for the last (message, step) seen.
+        self._text_key: tuple[str, int] | None = None
+        self._text_head = self._text_tail = b""
 
     # -- the Projection interface
 
@@ -122,7 +127,7 @@ class LangGraph(Projection):
             case events.RunStart():
                 pass  # its `metadata` went out above (only a malformed log has another)
             case events.TextDelta():
-                out.append(self._chunk(ev.message_id, content=ev.delta))
+                out.append(self._text(ev.message_id, ev.delta))
             case events.ReasoningDelta():
                 out.append(self._chunk(ev.message_id, reasoning=ev.delta))
             case events.ToolCallStart():
@@ -179,9 +184,11 @@ class LangGraph(Projection):
 
     def _keep(self, out: list[Wire], seq: int | None) -> list[Wire]:
         """The frames of the modes asked for; the last one kept carries `seq`."""
-        kept = [w for w in out if w.event not in _EVENT_MODE or _EVENT_MODE[w.event] in self.modes]
+        dropped = self._dropped
+        kept = [w for w in out if w.event not in dropped]
         if kept and seq is not None:
-            kept[-1] = kept[-1]._replace(seq=seq)
+            w = kept[-1]
+            kept[-1] = Wire(w.data, seq, w.event)
         return kept
 
     def _metadata(self, seq: int | None) -> Wire:
@@ -206,6 +213,17 @@ class LangGraph(Projection):
         meta = {"run_id": self.ctx.run_id, "thread_id": self.ctx.session_id,
                 "langgraph_node": _NODE, "langgraph_step": self.spans.step, "tags": []}  # fmt: skip
         return Wire(json([chunk, meta]), event="messages")
+
+    def _text(self, message_id: str, delta: str) -> Wire:
+        """`_chunk(message_id, content=delta)`, byte for byte, without
+        building and encoding its dicts for every delta: the frame around the
+        content is made once per message and step."""
+        key = (message_id, self.spans.step)
+        if key != self._text_key:
+            blank = self._chunk(message_id).data
+            at = blank.index(b'"content":""') + len(b'"content":')  # the first: ids are escaped
+            self._text_key, self._text_head, self._text_tail = key, blank[:at], blank[at + 2 :]
+        return Wire(self._text_head + json(delta) + self._text_tail, event="messages")
 
     def _tool_message(self, ev: events.ToolResult) -> dict[str, object]:
         return _tool_message(ev, self.spans.tool_names.get(ev.tool_call_id, ""))

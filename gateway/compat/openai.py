@@ -57,6 +57,8 @@ class OpenAIChunks(Projection):
         self._first_ts = 0
         self._head = b""  # the chunk's opening, up to `"choices":`, built once
         self._tail = b',"run_id":' + json(ctx.run_id) + b"}}"
+        self._extra_key: tuple[str, str] | None = None  # the message whose `_extra` is kept
+        self._extra = b""
 
     # -- Projection
 
@@ -98,14 +100,12 @@ class OpenAIChunks(Projection):
                 ]
             case events.TextDelta():
                 delta = b'{"content":' + json(ev.delta) + b"}"
-                return [
-                    self._wire(_delta(delta), "assistant_text", {"message_id": ev.message_id}, seq)
-                ]
+                extra = self._message_extra("assistant_text", ev.message_id)
+                return [Wire(self._chunk(_delta(delta), extra, seq), seq)]
             case events.ReasoningDelta():
                 delta = b'{"reasoning_content":' + json(ev.delta) + b"}"
-                return [
-                    self._wire(_delta(delta), "reasoning_text", {"message_id": ev.message_id}, seq)
-                ]
+                extra = self._message_extra("reasoning_text", ev.message_id)
+                return [Wire(self._chunk(_delta(delta), extra, seq), seq)]
             case events.ToolCallStart():
                 call: _D = {
                     "index": self.index[ev.tool_call_id],
@@ -199,8 +199,15 @@ class OpenAIChunks(Projection):
         return out
 
     def _wire(self, choices: bytes, kind: str, fields: dict[str, object], seq: int | None) -> Wire:
-        extra = json(kind) + b"," + json(fields)[1:-1]
-        return Wire(self._chunk(choices, extra, seq), seq)
+        return Wire(self._chunk(choices, _extra(kind, fields), seq), seq)
+
+    def _message_extra(self, kind: str, message_id: str) -> bytes:
+        """`_extra(kind, {"message_id": message_id})`, made once per message
+        (a delta's, the replay's hot path)."""
+        key = (kind, message_id)
+        if key != self._extra_key:
+            self._extra_key, self._extra = key, _extra(kind, {"message_id": message_id})
+        return self._extra
 
     def _chunk(self, choices: bytes, extra: bytes, seq: int | None, usage: bytes = b"") -> bytes:
         """A chunk from its `choices` JSON, the inside of `extra` after
@@ -236,6 +243,11 @@ class OpenAIChunks(Projection):
 
     def _name(self, tool_call_id: str) -> str:
         return self.spans.tool_names.get(tool_call_id, "")
+
+
+def _extra(kind: str, fields: dict[str, object]) -> bytes:
+    """The inside of a chunk's `extra` after `"kind":`."""
+    return json(kind) + b"," + json(fields)[1:-1]
 
 
 def _delta(delta: bytes) -> bytes:

@@ -75,10 +75,13 @@ class Framing:
     def render(self, wires: list[Wire]) -> bytes:
         if len(wires) == 1:  # most events are one item: no list, no join
             data, seq, event = wires[0]
-            if event is None or not self.event_names:
-                if seq is None or not self.ids:
+            if seq is None or not self.ids:
+                if event is None or not self.event_names:
                     return b"data: %b\n\n" % data
+                return b"event: %b\ndata: %b\n\n" % (event.encode(), data)
+            if event is None or not self.event_names:
                 return b"id: %d\ndata: %b\n\n" % (seq, data)
+            return b"id: %d\nevent: %b\ndata: %b\n\n" % (seq, event.encode(), data)
         out = []
         for w in wires:
             if self.ids and w.seq is not None:
