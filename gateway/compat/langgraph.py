@@ -185,6 +185,11 @@ class LangGraph(Projection):
     def _keep(self, out: list[Wire], seq: int | None) -> list[Wire]:
         """The frames of the modes asked for; the last one kept carries `seq`."""
         dropped = self._dropped
+        if len(out) == 1:  # most events: no list to filter
+            w = out[0]
+            if w.event in dropped:
+                return []
+            return out if seq is None else [Wire(w.data, seq, w.event)]
         kept = [w for w in out if w.event not in dropped]
         if kept and seq is not None:
             w = kept[-1]

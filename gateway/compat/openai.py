@@ -57,8 +57,9 @@ class OpenAIChunks(Projection):
         self._first_ts = 0
         self._head = b""  # the chunk's opening, up to `"choices":`, built once
         self._tail = b',"run_id":' + json(ctx.run_id) + b"}}"
-        self._extra_key: tuple[str, str] | None = None  # the message whose `_extra` is kept
-        self._extra = b""
+        # A delta's chunk around its text and seq, for the last (kind, message) seen.
+        self._around_key: tuple[str, str] | None = None
+        self._around = (b"", b"", b"")
 
     # -- Projection
 
@@ -99,13 +100,9 @@ class OpenAIChunks(Projection):
                     )
                 ]
             case events.TextDelta():
-                delta = b'{"content":' + json(ev.delta) + b"}"
-                extra = self._message_extra("assistant_text", ev.message_id)
-                return [Wire(self._chunk(_delta(delta), extra, seq), seq)]
+                return [self._message_delta("assistant_text", b"content", ev)]
             case events.ReasoningDelta():
-                delta = b'{"reasoning_content":' + json(ev.delta) + b"}"
-                extra = self._message_extra("reasoning_text", ev.message_id)
-                return [Wire(self._chunk(_delta(delta), extra, seq), seq)]
+                return [self._message_delta("reasoning_text", b"reasoning_content", ev)]
             case events.ToolCallStart():
                 call: _D = {
                     "index": self.index[ev.tool_call_id],
@@ -201,13 +198,22 @@ class OpenAIChunks(Projection):
     def _wire(self, choices: bytes, kind: str, fields: dict[str, object], seq: int | None) -> Wire:
         return Wire(self._chunk(choices, _extra(kind, fields), seq), seq)
 
-    def _message_extra(self, kind: str, message_id: str) -> bytes:
-        """`_extra(kind, {"message_id": message_id})`, made once per message
-        (a delta's, the replay's hot path)."""
-        key = (kind, message_id)
-        if key != self._extra_key:
-            self._extra_key, self._extra = key, _extra(kind, {"message_id": message_id})
-        return self._extra
+    def _message_delta(
+        self, kind: str, field: bytes, ev: events.TextDelta | events.ReasoningDelta
+    ) -> Wire:
+        """`self._wire(_delta({field: ev.delta}), kind, {"message_id": ...}, ev.seq)`,
+        byte for byte, with what surrounds the delta and the seq made once
+        per message (deltas are the replay's hot path)."""
+        key = (kind, ev.message_id)
+        if key != self._around_key:
+            whole = self._chunk(_delta(b'{"' + field + b'":""}'),
+                                _extra(kind, {"message_id": ev.message_id}), 0)  # fmt: skip
+            at = len(self._head) + len(b'[{"index":0,"delta":{"') + len(field) + len(b'":')
+            seq_at = len(whole) - len(self._tail) - 1  # the 0
+            self._around_key = key
+            self._around = (whole[:at], whole[at + 2 : seq_at], self._tail)
+        before, between, after = self._around
+        return Wire(b"%b%b%b%d%b" % (before, json(ev.delta), between, ev.seq, after), ev.seq)
 
     def _chunk(self, choices: bytes, extra: bytes, seq: int | None, usage: bytes = b"") -> bytes:
         """A chunk from its `choices` JSON, the inside of `extra` after
