@@ -19,7 +19,7 @@ gets one reply (`{"ok": true, ...}` or `{"ok": false, "error": ...}`).
 | command | does | reply |
 |---|---|---|
 | `replay` url, method, headers, body, cursor, last | one request, read to the end of the body | seconds (request → the frame with seq `last`), frames (frames with a seq), last, bytes, to_eof_s |
-| `follow` streams [[key, url], ...], method, headers, body, cursor | open every stream, wait for every 200, then record (key, seq, wall time) of each frame with a seq | seconds |
+| `follow` streams [{key, url, method, headers, body, cursor}, ...] | open every stream, wait for every 200, then record (key, seq, wall time) of each frame with a seq (more may follow before `unfollow`) | seconds |
 | `unfollow` | close every followed stream | records, errors |
 """
 
@@ -53,9 +53,7 @@ async def _open(
     return resp
 
 
-async def _frames(
-    resp: aiohttp.ClientResponse, cursor: str, on: Callable[[bytes, float], None]
-) -> int:
+async def _frames(resp: aiohttp.ClientResponse, on: Callable[[bytes, float], None]) -> int:
     """Read the body to its end; `on(complete lines, wall time of the read)`
     for each chunk. Returns the bytes read."""
     tail = b""
@@ -104,7 +102,7 @@ class Driver:
         async with asyncio.timeout(timeout_s):
             resp = await _open(http, method, url, headers, body)
             try:
-                nbytes = await _frames(resp, cursor, on)
+                nbytes = await _frames(resp, on)
             finally:
                 resp.release()
         t1 = time.time()
@@ -114,28 +112,31 @@ class Driver:
         return {"seconds": state["t_last"] - t0, "frames": state["frames"],
                 "last": state["last"], "bytes": nbytes, "to_eof_s": t1 - t0}  # fmt: skip
 
-    async def follow(self, streams: list[list[str]], method: str, headers: dict[str, str],
-                     body: Any, cursor: str, timeout_s: float = 60.0) -> dict[str, Any]:  # fmt: skip
+    async def follow(
+        self, streams: list[dict[str, Any]], timeout_s: float = 60.0
+    ) -> dict[str, Any]:
+        """Open every stream (each: key, url, method, headers, body, cursor),
+        wait for every 200, and record from then on; more may be opened
+        before `unfollow`."""
         http = self._session()
-        find = CURSORS[cursor].findall
-        self.records = []
-        self.errors = []
         records = self.records
         t0 = time.time()
 
-        async def one(key: str, url: str, opened: asyncio.Future[None]) -> None:
+        async def one(spec: dict[str, Any], opened: asyncio.Future[None]) -> None:
+            key, find = spec["key"], CURSORS[spec["cursor"]].findall
+
             def on(lines: bytes, t: float) -> None:
                 for s in find(lines):
                     records.append((key, int(s), t))
 
             try:
-                resp = await _open(http, method, url, headers, body)
+                resp = await _open(http, spec["method"], spec["url"], spec["headers"], spec["body"])
             except Exception as e:
                 opened.set_exception(e)
                 return
             opened.set_result(None)
             try:
-                await _frames(resp, cursor, on)
+                await _frames(resp, on)
                 self.errors.append(f"{key}: the body ended")  # a live follower never ends
             except (aiohttp.ClientError, OSError) as e:
                 self.errors.append(f"{key}: {type(e).__name__}: {e}")
@@ -144,9 +145,8 @@ class Driver:
 
         loop = asyncio.get_running_loop()
         opened = [loop.create_future() for _ in streams]
-        self.tasks = [
-            asyncio.create_task(one(key, url, f))
-            for (key, url), f in zip(streams, opened, strict=True)
+        self.tasks += [
+            asyncio.create_task(one(spec, f)) for spec, f in zip(streams, opened, strict=True)
         ]
         async with asyncio.timeout(timeout_s):
             await asyncio.gather(*opened)
@@ -160,7 +160,8 @@ class Driver:
                 await t
         self.tasks = []
         recs, self.records = self.records, []
-        return {"records": recs, "errors": self.errors[:5], "n_errors": len(self.errors)}
+        errs, self.errors = self.errors, []
+        return {"records": recs, "errors": errs[:5], "n_errors": len(errs)}
 
     async def close(self) -> None:
         await self.unfollow()

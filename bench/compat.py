@@ -205,7 +205,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             live = None if args.no_live else await _Live.start(b, args, commits)
             try:
                 for trial in range(args.trials):
-                    t: dict[str, Any] = {"replay": {}, "inproc": {}, "live": {}}
+                    t: dict[str, Any] = {"replay": {}, "inproc": {}, "live": {}, "live_beside": {}}
                     order = _rotated(formats, trial)
                     if not args.no_replay:
                         for f in order:
@@ -223,12 +223,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if live is not None:
                         # Only now: the writers' load must not disturb the replay.
                         await live.begin()
-                        for f in order:
-                            r = await live.measure(f, gw, load, meter)
-                            t["live"][f.name] = r
-                            progress(f"trial {trial + 1}: live {f.name}: commit → receive p50 "
-                                     f"{r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-                                     f"{r['missing']} missing")  # fmt: skip
+                        native = formats[0]
+                        # Native alone first (the figure at the issue's load), then each
+                        # format beside native followers of the same runs, so that both
+                        # see the same events on the same host at the same moment.
+                        for fs in [[native]] + [[native, f] for f in order if f is not native]:
+                            r = await live.measure(fs, gw, load, meter)
+                            name = fs[-1].name
+                            t["live"][name if len(fs) > 1 else NATIVE] = r[fs[-1].name]
+                            if len(fs) > 1:
+                                t["live_beside"][name] = r[NATIVE]
+                            progress(f"trial {trial + 1}: live {name}: commit → receive p50 "
+                                     + ", ".join(f"{k} {v['p50_ms']:.2f} ms" for k, v in r.items())
+                                     + "; p99 "
+                                     + ", ".join(f"{k} {v['p99_ms']:.2f} ms" for k, v in r.items())
+                                     + f"; {sum(v['missing'] for v in r.values())} missing")  # fmt: skip
                         await live.pause()
                     per_trial.append(t)
             finally:
@@ -394,19 +403,25 @@ class _Live:
         return last
 
     async def measure(
-        self, f: Format, gw: GatewayProc, load: SseLoadProc, meter: Meter
-    ) -> dict[str, Any]:
+        self, fs: list[Format], gw: GatewayProc, load: SseLoadProc, meter: Meter
+    ) -> dict[str, dict[str, Any]]:
+        """One slice: every run followed once in each of `fs` at the same
+        time, each from the run's last committed seq. They open in
+        len(fs) waves, run i getting fs[(i + wave) % len(fs)] in wave
+        `wave`, so each format is the first to join half of the runs (the
+        gateway serves a run's followers in join order)."""
         args = self.args
         committed = self._committed()
-        run0 = self.writers[0].run_id
-        streams = [
-            [w.run_id, f.url(gw.url, w.run_id, w.session_id, committed.get(w.run_id, 1))]
-            for w in self.writers
-        ]
-        # One body for all (AG-UI's names a run; its runId is only echoed back).
-        body = f.request_body(run0, self.sessions[run0])
-        await load.call("follow", streams=streams, method=f.method, headers=_headers(f),
-                        body=body, cursor=f.cursor)  # fmt: skip
+        for wave in range(len(fs)):
+            streams = []
+            for i, w in enumerate(self.writers):
+                f = fs[(i + wave) % len(fs)]
+                after = committed.get(w.run_id, 1)
+                streams.append({"key": f"{f.name} {w.run_id}", "method": f.method,
+                                "url": f.url(gw.url, w.run_id, w.session_id, after),
+                                "headers": _headers(f), "cursor": f.cursor,
+                                "body": f.request_body(w.run_id, w.session_id)})  # fmt: skip
+            await load.call("follow", streams=streams)
         timer = Timer(meter)
         timer.start()
         t_start = time.time()
@@ -416,26 +431,33 @@ class _Live:
         await asyncio.sleep(0.3)  # the last events reach the client
         r = await load.call("unfollow")
         if r["n_errors"]:
-            raise RuntimeError(f"{f.name}: followers failed: {r['errors']}")
-        lat, _, append_commit, missing = match_latencies(
-            self.appended, self.commits, [tuple(x) for x in r["records"]],
-            t_start + args.warmup_s, t_end,
-        )  # fmt: skip
+            raise RuntimeError(f"{[f.name for f in fs]}: followers failed: {r['errors']}")
+        received: dict[str, list[tuple[str, int, float]]] = {f.name: [] for f in fs}
+        for key, seq, t in r["records"]:
+            name, _, run_id = key.partition(" ")
+            received[name].append((run_id, seq, t))
+        n = sum(1 for ta in self.appended.values() if t_start <= ta <= t_end)
+        out: dict[str, dict[str, Any]] = {}
         q = _lib.quantile
-        n = sum(1 for _, ta in self.appended.items() if t_start <= ta <= t_end)
-        return {
-            "measured": len(lat),
-            "missing": missing,
-            "p50_ms": q(lat, 0.5),
-            "p90_ms": q(lat, 0.9),
-            "p99_ms": q(lat, 0.99),
-            "p999_ms": q(lat, 0.999),
-            "max_ms": lat[-1] if lat else float("nan"),
-            "append_commit_p99_ms": q(append_commit, 0.99),
-            "gateway_us_per_event": timer.us_per(n, "gateway"),
-            "gateway_cpu_pct": 100 * timer.cpu_s["gateway"] / timer.wall_s,
-            "others_cpu_cores": timer.others_cores(),
-        }
+        for f in fs:
+            lat, _, append_commit, missing = match_latencies(
+                self.appended, self.commits, received[f.name], t_start + args.warmup_s, t_end
+            )
+            out[f.name] = {
+                "measured": len(lat),
+                "missing": missing,
+                "p50_ms": q(lat, 0.5),
+                "p90_ms": q(lat, 0.9),
+                "p99_ms": q(lat, 0.99),
+                "p999_ms": q(lat, 0.999),
+                "max_ms": lat[-1] if lat else float("nan"),
+                "append_commit_p99_ms": q(append_commit, 0.99),
+                # Of the whole slice (every format in it).
+                "gateway_us_per_event": timer.us_per(n, "gateway"),
+                "gateway_cpu_pct": 100 * timer.cpu_s["gateway"] / timer.wall_s,
+                "others_cpu_cores": timer.others_cores(),
+            }
+        return out
 
     async def stop(self) -> None:
         await self.pause()
@@ -453,71 +475,64 @@ def _figures(
     def add(section: str, name: str, unit: str, vals: list[float]) -> None:
         figs.append(_lib.summarize(section, name, unit, vals))
 
-    def each(phase: str, f: Format, key: str) -> list[float]:
-        return [t[phase][f.name][key] for t in per_trial]
+    def each(phase: str, f: Format | str, key: str) -> list[float]:
+        name = f if isinstance(f, str) else f.name
+        return [float(t[phase][name][key]) for t in per_trial]
+
+    def per(phase: str, key: str, pick: Callable[[list[float]], float]) -> list[float]:
+        return [pick([float(r[key]) for r in t[phase].values()]) for t in per_trial]
 
     replay, live = not args.no_replay, not args.no_live
     sec = "against the targets (each ratio / difference within one trial)"
-    for f in compat:
-        if replay:
+    if replay:
+        for f in compat:
             add(sec, f"replay: {f.label} / native SSE (≥ 0.5)", "ratio",
                 [t["replay"][f.name]["events_s"] / t["replay"][NATIVE]["events_s"]
                  for t in per_trial])  # fmt: skip
-    for f in compat:
-        if live:
-            add(sec, f"live p99: {f.label} - native SSE (≤ 1 ms)", "ms",
-                [t["live"][f.name]["p99_ms"] - t["live"][NATIVE]["p99_ms"] for t in per_trial])  # fmt: skip
+    if live:
+        for f in compat:
+            add(sec, f"live p99: {f.label} - native SSE beside it (≤ 1 ms)", "ms",
+                [t["live"][f.name]["p99_ms"] - t["live_beside"][f.name]["p99_ms"]
+                 for t in per_trial])  # fmt: skip
     if replay:
         sec = f"replay of a {total:,}-event run to one client, request → the run_end's frame"
         for f in formats:
             add(sec, f.label, "events/s", each("replay", f, "events_s"))
         for f in formats:
-            add(
-                sec,
-                f"{f.label}: gateway CPU",
-                "µs/event",
-                each("replay", f, "gateway_us_per_event"),
-            )
+            add(sec, f"{f.label}: gateway CPU", "µs/event", each("replay", f, "gateway_us_per_event"))  # fmt: skip
         for f in formats:
-            add(
-                sec,
-                f"{f.label}: gateway CPU (of one core)",
-                "%",
-                each("replay", f, "gateway_cpu_pct"),
-            )
-        for f in formats:
-            add(
-                sec,
-                f"{f.label}: client CPU (of one core)",
-                "%",
-                each("replay", f, "client_cpu_pct"),
-            )
-        for f in formats:
-            add(sec, f"{f.label}: frames with a seq", "frames", each("replay", f, "frames"))
-        add(sec, "host CPU outside our processes (native read)", "cores",
-            each("replay", formats[0], "others_cpu_cores"))  # fmt: skip
+            add(sec, f"{f.label}: gateway CPU (of one core)", "%", each("replay", f, "gateway_cpu_pct"))  # fmt: skip
+        add(sec, "client CPU, the highest of any read (of one core)", "%",
+            per("replay", "client_cpu_pct", max))  # fmt: skip
+        add(sec, "host CPU outside our processes, the highest of any read", "cores",
+            per("replay", "others_cpu_cores", max))  # fmt: skip
     if per_trial and per_trial[0]["inproc"]:
         sec = "in-process decode + project + render of the same stored events (this process)"
         for f in compat:
             add(sec, f.label, "µs/event", each("inproc", f, "us_per_event"))
     if live:
-        sec = (f"live: {args.rate:g} events/s over {args.runs} runs, one follower per run, "
-               "commit → receive")  # fmt: skip
-        for f in formats:
+        sec = (f"live: {args.rate:g} events/s over {args.runs} runs, one follower per run and "
+               "format, commit → receive")  # fmt: skip
+        add(sec, "native SSE alone: p50", "ms", each("live", NATIVE, "p50_ms"))
+        add(sec, "native SSE alone: p99", "ms", each("live", NATIVE, "p99_ms"))
+        add(sec, "native SSE alone: p99.9", "ms", each("live", NATIVE, "p999_ms"))
+        add(sec, "native SSE alone: gateway CPU", "µs/event",
+            each("live", NATIVE, "gateway_us_per_event"))  # fmt: skip
+        for f in compat:
             add(sec, f"{f.label}: p50", "ms", each("live", f, "p50_ms"))
-        for f in formats:
             add(sec, f"{f.label}: p99", "ms", each("live", f, "p99_ms"))
-        for f in formats:
             add(sec, f"{f.label}: p99.9", "ms", each("live", f, "p999_ms"))
-        for f in formats:
-            add(sec, f"{f.label}: gateway CPU", "µs/event", each("live", f, "gateway_us_per_event"))
-        for f in formats:
-            add(sec, f"{f.label}: events measured", "events",
-                [float(t["live"][f.name]["measured"]) for t in per_trial])  # fmt: skip
-        add(sec, "events not received (all formats)", "events",
-            [float(sum(t["live"][f.name]["missing"] for f in formats)) for t in per_trial])  # fmt: skip
+            add(sec, f"native SSE beside {f.label}: p99", "ms", each("live_beside", f, "p99_ms"))
+            add(sec, f"gateway CPU, native SSE + {f.label}", "µs/event",
+                each("live", f, "gateway_us_per_event"))  # fmt: skip
+        add(sec, "events measured, the fewest of any format and slice", "events",
+            [min(per("live", "measured", min)[i], per("live_beside", "measured", min)[i])
+             for i in range(len(per_trial))] if compat else per("live", "measured", min))  # fmt: skip
+        add(sec, "events not received, all slices", "events",
+            [a + b for a, b in zip(per("live", "missing", sum), per("live_beside", "missing", sum),
+                                   strict=True)] if compat else per("live", "missing", sum))  # fmt: skip
         add(sec, "append → commit p99 (native slice)", "ms",
-            each("live", formats[0], "append_commit_p99_ms"))  # fmt: skip
-        add(sec, "host CPU outside our processes (native slice)", "cores",
-            each("live", formats[0], "others_cpu_cores"))  # fmt: skip
+            each("live", NATIVE, "append_commit_p99_ms"))  # fmt: skip
+        add(sec, "host CPU outside our processes, the highest of any slice", "cores",
+            per("live", "others_cpu_cores", max))  # fmt: skip
     return figs
