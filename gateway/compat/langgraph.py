@@ -127,7 +127,10 @@ class LangGraph(Projection):
             case events.RunStart():
                 pass  # its `metadata` went out above (only a malformed log has another)
             case events.TextDelta():
-                out.append(self._text(ev.message_id, ev.delta))
+                data = self._text(ev.message_id, ev.delta)
+                if not out and "messages" not in self._dropped:
+                    return [Wire(data, ev.seq, "messages")]  # what `_keep` would make of it
+                out.append(Wire(data, event="messages"))
             case events.ReasoningDelta():
                 out.append(self._chunk(ev.message_id, reasoning=ev.delta))
             case events.ToolCallStart():
@@ -219,8 +222,8 @@ class LangGraph(Projection):
                 "langgraph_node": _NODE, "langgraph_step": self.spans.step, "tags": []}  # fmt: skip
         return Wire(json([chunk, meta]), event="messages")
 
-    def _text(self, message_id: str, delta: str) -> Wire:
-        """`_chunk(message_id, content=delta)`, byte for byte, without
+    def _text(self, message_id: str, delta: str) -> bytes:
+        """`_chunk(message_id, content=delta).data`, byte for byte, without
         building and encoding its dicts for every delta: the frame around the
         content is made once per message and step."""
         key = (message_id, self.spans.step)
@@ -228,7 +231,7 @@ class LangGraph(Projection):
             blank = self._chunk(message_id).data
             at = blank.index(b'"content":""') + len(b'"content":')  # the first: ids are escaped
             self._text_key, self._text_head, self._text_tail = key, blank[:at], blank[at + 2 :]
-        return Wire(self._text_head + json(delta) + self._text_tail, event="messages")
+        return self._text_head + json(delta) + self._text_tail
 
     def _tool_message(self, ev: events.ToolResult) -> dict[str, object]:
         return _tool_message(ev, self.spans.tool_names.get(ev.tool_call_id, ""))
