@@ -46,8 +46,8 @@ import msgspec
 
 from broker import events
 
-from .base import Context, Projection, Wire, joined, json
-from .spans import Close, Open, Span, Transition
+from .base import Context, Projection, Wire, json
+from .spans import Close, Open, Span, Transition, joined
 
 Chunk = dict[str, object]
 
@@ -59,7 +59,7 @@ _json_decoder = msgspec.json.Decoder()
 @dataclass
 class _Part:
     """A text or reasoning part of the current step, as the client holds it.
-    Its text is kept in the deltas' pieces (`base.joined`)."""
+    Its text is kept in the deltas' pieces (`spans.joined`)."""
 
     kind: str
     id: str

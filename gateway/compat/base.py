@@ -61,16 +61,6 @@ def json(obj: object) -> bytes:
     return _enc.encode(obj)
 
 
-def joined(pieces: list[str]) -> str:
-    """The text of a message kept as its deltas' pieces, left as one piece
-    (so the next join starts from it). Text that grows by deltas is kept so
-    because `s = s + delta` on an attribute or a dict value copies all of
-    `s` every time: quadratic in a long message."""
-    if len(pieces) > 1:
-        pieces[:] = ["".join(pieces)]
-    return pieces[0] if pieces else ""
-
-
 class Projection(abc.ABC):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

@@ -39,7 +39,8 @@ import msgspec
 
 from broker import errors, events
 
-from .base import Context, Projection, Wire, joined, json
+from .base import Context, Projection, Wire, json
+from .spans import joined
 
 MESSAGES_TUPLE = "messages-tuple"
 MODES = frozenset({MESSAGES_TUPLE, "updates", "custom", "values"})
@@ -278,7 +279,7 @@ class _State:
     """The thread state a `values` frame carries: the run's messages so far.
 
     An AI message's text and reasoning are kept in their deltas' pieces
-    (`base.joined`), joined into its dict when a frame is made (`snapshot`)."""
+    (`spans.joined`), joined into its dict when a frame is made (`snapshot`)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -286,7 +287,7 @@ class _State:
         self._ai: dict[str, dict[str, object]] = {}  # message id -> its dict in `messages`
         self._text: dict[str, list[str]] = {}  # message id -> its content's pieces
         self._reasoning: dict[str, list[str]] = {}  # message id -> its reasoning's pieces
-        self._args: dict[str, str] = {}  # tool call -> its argument text
+        self._args: dict[str, list[str]] = {}  # tool call -> its argument deltas
 
     def apply(self, ev: events.Event, calls: dict[str, tuple[str, int]]) -> None:
         match ev:
@@ -307,10 +308,10 @@ class _State:
                 assert isinstance(tool_calls, list)
                 tool_calls.append({"id": ev.tool_call_id, "name": ev.tool_name, "args": {},
                                    "type": "tool_call"})  # fmt: skip
-                self._args[ev.tool_call_id] = ""
+                self._args[ev.tool_call_id] = []
             case events.ToolArgsDelta():
                 if ev.tool_call_id in self._args:
-                    self._args[ev.tool_call_id] += ev.partial_json
+                    self._args[ev.tool_call_id].append(ev.partial_json)
             case events.ToolCallEnd():
                 self._parse_args(ev.tool_call_id, calls)
             case events.ToolResult():
@@ -347,9 +348,10 @@ class _State:
         return str(self._call(tool_call_id, calls)["name"]) if tool_call_id in calls else ""
 
     def _parse_args(self, tool_call_id: str, calls: dict[str, tuple[str, int]]) -> None:
-        raw = self._args.pop(tool_call_id, None)
-        if raw is None or tool_call_id not in calls:
+        pieces = self._args.pop(tool_call_id, None)
+        if pieces is None or tool_call_id not in calls:
             return
+        raw = "".join(pieces)
         try:
             args = msgspec.json.decode(raw) if raw else {}
         except msgspec.DecodeError:
