@@ -22,7 +22,10 @@ by trial (so no format is always first):
    11): ≥ 50 % of native SSE events/s.
 2. In-process: decode + project + render of the same stored payloads (read
    back from PostgreSQL) in this process, per event: what a projection costs
-   without sockets or the hub (what the profile of a slow format looks at).
+   without sockets or the hub (what the profile of a slow format looks at);
+   and the same for a run of one tool call whose arguments stream in
+   --events deltas (argument text, like a message's, must not cost more per
+   delta as it grows).
 3. Live. --runs runs (over --sessions sessions) stream token deltas at
    --rate events/s in all (each run rate/runs events/s, random phase),
    appended by this process for the whole phase (only then: never during
@@ -200,6 +203,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             session = await b.store.create_session(_gw.USER, "bench compat")
             await _warm_up(b, session, gw, load, formats)
             payloads: list[bytes] = []
+            tool_payloads: list[bytes] = []
             if not args.no_replay or not args.no_inproc:
                 t0 = time.perf_counter()
                 w = await _gw.new_run(b, session)
@@ -210,12 +214,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 replay_run = w.run_id
                 if not args.no_inproc:
                     payloads = await _payloads(b, replay_run)
+                    tool_payloads = _tool_call_payloads(replay_run, session, args.events)
             commits.clear()  # the live phase's commits only from here
             live = None if args.no_live else await _Live.start(b, args, commits)
             try:
                 for trial in range(args.trials):
                     t: dict[str, Any] = {
-                        "replay": {}, "replay_beside": {}, "inproc": {}, "live": {}, "live_beside": {},
+                        "replay": {}, "replay_beside": {}, "inproc": {}, "inproc_tool": {}, "live": {},
+                        "live_beside": {},
                     }  # fmt: skip
                     order = _rotated(formats, trial)
                     if not args.no_replay:
@@ -249,6 +255,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 prof = args.profile_inproc if trial == 0 else None
                                 t["inproc"][f.name] = _inproc(f, payloads, replay_run, session,
                                                               prof)  # fmt: skip
+                                t["inproc_tool"][f.name] = _inproc(f, tool_payloads,
+                                                                   replay_run, session, None)  # fmt: skip
                     if live is not None:
                         # Only now: the writers' load must not disturb the replay.
                         await live.begin()
@@ -340,6 +348,28 @@ async def _payloads(b: Broker, run_id: str) -> list[bytes]:
             return out
         out += [e.payload for e in page]
         pos = page[-1].seq
+
+
+def _tool_call_payloads(run: str, session: str, n: int) -> list[bytes]:
+    """A run of one tool call whose arguments stream in `n` deltas (a tool
+    writing a file, say), as the log stores them: text that grows by deltas
+    in another place than a message."""
+    evs: list[events.Event] = [
+        events.RunStart(model="bench", started_by=_gw.USER),
+        events.ToolCallStart(tool_call_id="c_1", tool_name="write_file"),
+        events.ToolArgsDelta(tool_call_id="c_1", partial_json='{"text":"'),
+        *(events.ToolArgsDelta(tool_call_id="c_1", partial_json=_lib.TOKENS[i % len(_lib.TOKENS)])
+          for i in range(n)),
+        events.ToolArgsDelta(tool_call_id="c_1", partial_json='"}'),
+        events.ToolCallEnd(tool_call_id="c_1"),
+        events.ToolResult(tool_call_id="c_1", status="ok", summary="written"),
+        events.RunEnd(status="completed"),
+    ]  # fmt: skip
+    out = []
+    for seq, e in enumerate(evs, 1):
+        e.run_id, e.session_id, e.seq, e.ts = run, session, seq, 1_700_000_000_000 + seq
+        out.append(events.encode(e))
+    return out
 
 
 def _inproc(
@@ -540,6 +570,10 @@ def _figures(
         sec = "in-process decode + project + render of the same stored events (this process)"
         for f in compat:
             add(sec, f.label, "µs/event", each("inproc", f, "us_per_event"))
+        sec = (f"in-process, the same for a run of one tool call whose arguments stream in "
+               f"{args.events:,} deltas")  # fmt: skip
+        for f in compat:
+            add(sec, f.label, "µs/event", each("inproc_tool", f, "us_per_event"))
     if live:
         sec = (f"live: {args.rate:g} events/s over {args.runs} runs, one follower per run and "
                "format, commit → receive")  # fmt: skip
