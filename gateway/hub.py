@@ -116,7 +116,6 @@ class Member:
     async def _catch_up(self) -> None:
         hub = self.topic.hub
         page_max = hub.broker.settings.page_max_events
-        slots = hub.replay_slots
         q = self.conn.queue
         limit = page_max
         try:
@@ -125,24 +124,13 @@ class Member:
                 await q.wait_below(q.lag_bytes)
                 if self.closed:
                     return
-                await slots.acquire(self.conn.user)
-                try:
-                    page = await self.topic.page(self.position, limit)
-                    # One chunk per turn (at most the lag mark of payload): a
-                    # page of large events never lands in a queue at once.
-                    chunk = _first_chunk(page, q.lag_bytes)
-                    if chunk:
-                        hub.metrics.replayed.inc(len(chunk))
-                        for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
-                            hub.metrics.events_fanned_out.inc(self._push(batch))
-                finally:
-                    slots.release()
+                pushed, read = await self._turn(limit)
                 if self.ended:
                     return
-                if len(chunk) < len(page):
-                    limit = len(chunk)  # the rest was dropped: read it next turn, as many
+                if pushed < read:
+                    limit = pushed  # the rest was dropped: read it next turn, as many
                     continue
-                if len(page) == limit:
+                if read == limit:
                     limit = min(page_max, 2 * limit)
                     continue
                 # At the head as of that read: switch to live if the buffer
@@ -174,6 +162,28 @@ class Member:
         except Exception:
             log.exception("catch-up of %s failed", self.topic.key)
             self.conn.close("internal")
+
+    async def _turn(self, limit: int) -> tuple[int, int]:
+        """One replay turn: read up to `limit` events after our position and
+        push the first chunk of them; (events pushed, events read). The page
+        lives only in this call: a replay waiting for its client between turns
+        holds no events (100 stalled replays would otherwise keep 100 pages of
+        rows alive, and every full garbage collection walks them)."""
+        hub = self.topic.hub
+        slots = hub.replay_slots
+        await slots.acquire(self.conn.user)
+        try:
+            page = await self.topic.page(self.position, limit)
+            # One chunk per turn (at most the lag mark of payload): a page of
+            # large events never lands in a queue at once.
+            chunk = _first_chunk(page, self.conn.queue.lag_bytes)
+            if chunk:
+                hub.metrics.replayed.inc(len(chunk))
+                for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
+                    hub.metrics.events_fanned_out.inc(self._push(batch))
+            return len(chunk), len(page)
+        finally:
+            slots.release()
 
     def close(self) -> None:
         self.closed = True
