@@ -171,7 +171,7 @@ class Member:
         rows alive, and every full garbage collection walks them)."""
         hub = self.topic.hub
         slots = hub.replay_slots
-        await slots.acquire(self.conn.user)
+        granted = await slots.acquire(self.conn.user)
         try:
             page = await self.topic.page(self.position, limit)
             # One chunk per turn (at most the lag mark of payload): a page of
@@ -183,7 +183,7 @@ class Member:
                     hub.metrics.events_fanned_out.inc(self._push(batch))
             return len(chunk), len(page)
         finally:
-            slots.release()
+            slots.release(granted)
 
     def close(self) -> None:
         self.closed = True
@@ -295,7 +295,8 @@ class Hub:
         self._topics: dict[str, Topic] = {}
         self._starting: dict[str, asyncio.Future[Topic]] = {}
         self.member_count = 0  # members joined and not yet left, over all topics
-        self.replay_slots = ReplaySlots(broker.settings.max_concurrent_replays)
+        s = broker.settings
+        self.replay_slots = ReplaySlots(s.max_concurrent_replays, s.replay_loop_share)
         self.pending_events_max = broker.settings.live_buffer_max
 
     async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
