@@ -15,13 +15,14 @@ Contract:
 - A topic nobody follows is closed after `hub_linger_s`.
 - Replays take turns (`replay_slots.py`): each page is read and queued in a
   turn, at most `max_concurrent_replays` at once per gateway, round-robin
-  between users. A turn holds one chunk (at most the lag mark of bytes):
-  what else the read returned is dropped, and the next turn reads from
-  there, fewer at a time; between turns the member waits for its client's
-  queue, holding no turn and no page. So a slow or flooding client delays
-  only its own replays, and a waiting replay holds no more than its buffer
-  of live batches (at most `live_buffer_max` events, shared with the other
-  members: the batches are the topic's). Live delivery never takes a turn.
+  between users, each slot resting for a share of the time while others
+  wait (`replay_loop_share`). A turn holds one chunk (at most the lag mark
+  of bytes): what else the read returned is dropped, and the next turn
+  reads from there, fewer at a time; between turns the member waits for
+  its client's queue, holding no turn and no page. So a slow or flooding
+  client delays only its own replays, and a waiting replay holds no more
+  than its buffer of live batches (at most `live_buffer_max` events, shared
+  with the other members: the batches are the topic's). Live delivery never takes a turn.
 """
 
 from __future__ import annotations
