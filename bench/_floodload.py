@@ -103,6 +103,8 @@ class Flood:
     async def start(self, ws_url: str, sse_urls: list[str], token: str, ws: int, sse: int,
                     sessions: list[str], target: int) -> dict[str, Any]:  # fmt: skip
         self.sessions = sessions
+        self.replays = self.sse_events = 0  # per flood, not since the process started
+        self.tasks = []
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         gate = asyncio.Semaphore(100)
 

@@ -216,6 +216,12 @@ class Settings:
         "read with one push; more only help a distant PostgreSQL, and must stay below "
         "db_pool_size. 0: no bound.",
     )
+    replay_loop_share: float = _opt(
+        0.5,
+        "While replays wait for turns, the share of time a turn's slot is busy: after a "
+        "turn that took t, its slot rests t·(1 - share)/share before the next grant "
+        "(fraction); 1 (or anything outside 0-1): no rest.",
+    )
     malloc_trim_s: float = _opt(
         5.0,
         "Return freed heap memory to the OS (glibc malloc_trim) this long after a connection "

@@ -15,13 +15,14 @@ Contract:
 - A topic nobody follows is closed after `hub_linger_s`.
 - Replays take turns (`replay_slots.py`): each page is read and queued in a
   turn, at most `max_concurrent_replays` at once per gateway, round-robin
-  between users. A turn holds one chunk (at most the lag mark of bytes):
-  what else the read returned is dropped, and the next turn reads from
-  there, fewer at a time; between turns the member waits for its client's
-  queue, holding no turn and no page. So a slow or flooding client delays
-  only its own replays, and a waiting replay holds no more than its buffer
-  of live batches (at most `live_buffer_max` events, shared with the other
-  members: the batches are the topic's). Live delivery never takes a turn.
+  between users, each slot resting for a share of the time while others
+  wait (`replay_loop_share`). A turn holds one chunk (at most the lag mark
+  of bytes): what else the read returned is dropped, and the next turn
+  reads from there, fewer at a time; between turns the member waits for
+  its client's queue, holding no turn and no page. So a slow or flooding
+  client delays only its own replays, and a waiting replay holds no more
+  than its buffer of live batches (at most `live_buffer_max` events, shared
+  with the other members: the batches are the topic's). Live delivery never takes a turn.
 """
 
 from __future__ import annotations
@@ -116,7 +117,6 @@ class Member:
     async def _catch_up(self) -> None:
         hub = self.topic.hub
         page_max = hub.broker.settings.page_max_events
-        slots = hub.replay_slots
         q = self.conn.queue
         limit = page_max
         try:
@@ -125,24 +125,13 @@ class Member:
                 await q.wait_below(q.lag_bytes)
                 if self.closed:
                     return
-                await slots.acquire(self.conn.user)
-                try:
-                    page = await self.topic.page(self.position, limit)
-                    # One chunk per turn (at most the lag mark of payload): a
-                    # page of large events never lands in a queue at once.
-                    chunk = _first_chunk(page, q.lag_bytes)
-                    if chunk:
-                        hub.metrics.replayed.inc(len(chunk))
-                        for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
-                            hub.metrics.events_fanned_out.inc(self._push(batch))
-                finally:
-                    slots.release()
+                pushed, read = await self._turn(limit)
                 if self.ended:
                     return
-                if len(chunk) < len(page):
-                    limit = len(chunk)  # the rest was dropped: read it next turn, as many
+                if pushed < read:
+                    limit = pushed  # the rest was dropped: read it next turn, as many
                     continue
-                if len(page) == limit:
+                if read == limit:
                     limit = min(page_max, 2 * limit)
                     continue
                 # At the head as of that read: switch to live if the buffer
@@ -174,6 +163,28 @@ class Member:
         except Exception:
             log.exception("catch-up of %s failed", self.topic.key)
             self.conn.close("internal")
+
+    async def _turn(self, limit: int) -> tuple[int, int]:
+        """One replay turn: read up to `limit` events after our position and
+        push the first chunk of them; (events pushed, events read). The page
+        lives only in this call: a replay waiting for its client between turns
+        holds no events (100 stalled replays would otherwise keep 100 pages of
+        rows alive, and every full garbage collection walks them)."""
+        hub = self.topic.hub
+        slots = hub.replay_slots
+        granted = await slots.acquire(self.conn.user)
+        try:
+            page = await self.topic.page(self.position, limit)
+            # One chunk per turn (at most the lag mark of payload): a page of
+            # large events never lands in a queue at once.
+            chunk = _first_chunk(page, self.conn.queue.lag_bytes)
+            if chunk:
+                hub.metrics.replayed.inc(len(chunk))
+                for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
+                    hub.metrics.events_fanned_out.inc(self._push(batch))
+            return len(chunk), len(page)
+        finally:
+            slots.release(granted)
 
     def close(self) -> None:
         self.closed = True
@@ -285,7 +296,8 @@ class Hub:
         self._topics: dict[str, Topic] = {}
         self._starting: dict[str, asyncio.Future[Topic]] = {}
         self.member_count = 0  # members joined and not yet left, over all topics
-        self.replay_slots = ReplaySlots(broker.settings.max_concurrent_replays)
+        s = broker.settings
+        self.replay_slots = ReplaySlots(s.max_concurrent_replays, s.replay_loop_share)
         self.pending_events_max = broker.settings.live_buffer_max
 
     async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:

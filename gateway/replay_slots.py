@@ -19,28 +19,48 @@ Contract:
   `acquire` is paired with exactly one `release`.
 - `limit` 0: no bound (every turn is granted at once).
 - Live delivery never takes a turn: only replays wait here.
+
+A duty cycle (`share` < 1): a bound on turns at once is not a bound on how
+much of the event loop and of PostgreSQL they take, since under a flood
+turns run back to back. So while others wait, a slot released after a turn
+that took t (grant to release, on the loop's clock) rests t·(1 - share)/share
+before its next grant: each slot is busy at most `share` of the time, the
+rest is left to everyone else (other users' requests, live delivery).
+- A turn released while no one waits frees its slot at once: a replay that
+  has the gateway to itself never rests.
+- Grants stay in the round-robin order above; only their timing changes. A
+  resting slot counts in `running`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 
 class ReplaySlots:
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, share: float = 1.0, *, clock: Callable[[], float] | None = None
+    ) -> None:
         self.limit = limit
-        self.running = 0  # turns granted and not yet released
+        self.share = share
+        self.running = 0  # turns granted and not yet released, or resting after one
         self.waiting = 0  # waiters not yet granted nor cancelled
-        self._queues: dict[str, deque[asyncio.Future[None]]] = {}
+        self._queues: dict[str, deque[asyncio.Future[float]]] = {}
         self._ring: deque[str] = deque()  # users with a queue, the next one first
+        self._clock = clock
 
-    async def acquire(self, user: str) -> None:
+    def _now(self) -> float:
+        return self._clock() if self._clock else asyncio.get_running_loop().time()
+
+    async def acquire(self, user: str) -> float:
+        """Wait for a turn; returns when it was granted (for `release`)."""
         # Invariant (after every grant): running < limit only when no one waits.
         if self.limit <= 0 or self.running < self.limit:
             self.running += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            return self._now()
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         q = self._queues.get(user)
         if q is None:
             q = self._queues[user] = deque()
@@ -48,7 +68,7 @@ class ReplaySlots:
         q.append(fut)
         self.waiting += 1
         try:
-            await fut
+            return await fut
         except asyncio.CancelledError:
             if fut.cancelled():
                 # Left in its queue and skipped when its turn comes (no O(n) removal).
@@ -57,7 +77,17 @@ class ReplaySlots:
                 self.release()  # granted, but the waiter is gone
             raise
 
-    def release(self) -> None:
+    def release(self, granted: float | None = None) -> float:
+        """End a turn granted at `granted` (what `acquire` returned); returns
+        how long its slot rests before the next grant (0: freed now)."""
+        if granted is None or not 0 < self.share < 1 or not self.waiting:
+            self._free()
+            return 0.0
+        rest = max(0.0, self._now() - granted) * (1 - self.share) / self.share
+        asyncio.get_running_loop().call_later(rest, self._free)
+        return rest
+
+    def _free(self) -> None:
         self.running -= 1
         self._grant()
 
@@ -76,4 +106,4 @@ class ReplaySlots:
                 continue
             self.waiting -= 1
             self.running += 1
-            fut.set_result(None)
+            fut.set_result(self._now())

@@ -5,17 +5,24 @@ replays taking turns, and a catching-up member's bounded live buffer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import aiohttp
+import pytest
 
 from broker import events
+from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.store import StoredEvent
 from gateway.context import GATEWAY
+from gateway.main import serve
 
 from .gw import RunningGateway, eventually, running_gateway, session_with, write_run, ws_connect
 from .rawclient import RawWs
@@ -233,6 +240,58 @@ async def test_a_client_that_does_not_read_holds_no_replay_turn(
             assert g.sample("runlog_gateway_replays_running") == 0
         finally:
             await stalled.close()
+
+
+async def test_a_catch_up_waiting_for_its_client_holds_no_page(
+    settings: Settings, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    """Between turns a replay holds no events: the page it last read is
+    gone while it waits for its client. (It used to stay referenced until the
+    next turn, so 100 stalled replays of 1,000-event pages kept 100k rows
+    alive, and every full garbage collection walked them.)"""
+    limits = {"send_queue_lag_bytes": 16 * 1024}
+    async with running_gateway(settings, **limits) as g:
+        sid = await session_with(http, g, "alice")
+        big, w = await write_run(broker, sid, 0, end=False)
+        for i in range(2000):  # 4 MB: more than the sockets on the way can hold
+            await w.append(events.TextDelta(message_id=f"m{i}", delta=_BIG))
+        await w.flush()
+        stalled, _ = await RawWs.connect(g.port, g.token("alice"))
+        try:
+            assert (await stalled.message())["type"] == "hello"
+            await stalled.send(type="subscribe", run_id=big, after=0)
+            assert (await stalled.message())["type"] == "subscribed"
+            lag = limits["send_queue_lag_bytes"]
+            await eventually(
+                lambda: (
+                    (g.sample("runlog_gateway_send_queue_bytes") or 0) > lag
+                    and g.sample("runlog_gateway_replays_running") == 0
+                ),
+                10,
+            )
+            gc.collect()
+            assert sum(isinstance(o, StoredEvent) for o in gc.get_objects()) == 0
+        finally:
+            await stalled.close()
+
+
+async def test_a_serving_gateway_keeps_its_startup_heap_out_of_garbage_collections(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Objects alive when `runlog gateway` starts serving are frozen: no
+    generation holds them, so full collections under load do not walk them."""
+    alive_at_start: list[object] = []  # a tracked container, alive throughout
+    s = dataclasses.replace(settings, gateway_host="127.0.0.1", gateway_port=free_port())
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="runlog.gateway")
+    task = asyncio.create_task(serve(s, stop))
+    try:
+        await eventually(lambda: "gateway listening" in caplog.text, 20, "the gateway serving")
+        assert not any(o is alive_at_start for o in gc.get_objects())
+    finally:
+        stop.set()
+        await task
+        gc.unfreeze()
 
 
 async def test_a_waiting_catch_up_buffers_at_most_live_buffer_max_events(

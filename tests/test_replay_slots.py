@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway.replay_slots import ReplaySlots
 
 
@@ -118,3 +120,63 @@ async def test_a_waiter_cancelled_right_after_its_grant_passes_the_slot_on() -> 
     await asyncio.gather(*tasks, return_exceptions=True)
     slots.release()
     assert slots.running == 0
+
+
+class _Clock:
+    """The slots' clock, set by the test: how long a turn "took" is exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_with_others_waiting_a_slot_rests_after_its_turn_for_the_share() -> None:
+    """share 0.25: a turn that took 30 ms leaves its slot resting 90 ms (busy
+    a quarter of the time); the waiter gets it after the rest, not at once."""
+    clock = _Clock()
+    slots = ReplaySlots(1, 0.25, clock=clock)
+    granted = await slots.acquire("a")
+    assert granted == 100.0
+    order: list[str] = []
+    tasks = await _waiters(slots, order, ["b1"])
+    clock.now += 0.030
+    assert slots.release(granted) == pytest.approx(0.090)
+    assert (slots.running, slots.waiting) == (1, 1)  # resting; b1 still waits
+    await asyncio.sleep(0)
+    assert order == []
+    await asyncio.gather(*tasks)  # granted once the rest is over
+    assert order == ["b1"]
+    assert (slots.running, slots.waiting) == (1, 0)
+    assert slots.release(clock.now) == 0.0  # nobody waits: freed at once
+    assert slots.running == 0
+
+
+async def test_a_turn_released_with_nobody_waiting_frees_its_slot_at_once() -> None:
+    clock = _Clock()
+    slots = ReplaySlots(1, 0.1, clock=clock)
+    granted = await slots.acquire("a")
+    clock.now += 5.0
+    assert slots.release(granted) == 0.0
+    assert slots.running == 0
+    await slots.acquire("a")  # no suspension: the slot is free
+    assert slots.running == 1
+    slots.release()
+    assert slots.running == 0
+
+
+async def test_a_waiter_granted_after_a_rest_gets_the_time_of_its_grant() -> None:
+    """What `acquire` returns is when the turn began, so the next rest is
+    proportional to that turn alone (not to the time it waited)."""
+    clock = _Clock()
+    slots = ReplaySlots(1, 0.5, clock=clock)
+    granted = await slots.acquire("a")
+    waiter = asyncio.create_task(slots.acquire("b"))
+    await asyncio.sleep(0)
+    clock.now += 0.010
+    assert slots.release(granted) == pytest.approx(0.010)
+    clock.now += 7.0  # what the clock says when the rest ends and b is granted
+    assert await waiter == pytest.approx(107.010)
+    assert slots.release(await waiter) == 0.0
+    assert (slots.running, slots.waiting) == (0, 0)
