@@ -94,6 +94,8 @@ class AiSdkProjection(Projection):
         super().__init__(ctx)
         self._opened = False  # `start` is out
         self._st = _State()
+        self._head_id: str | None = None  # the message whose text-delta head is kept
+        self._head = b""
 
     # -- the state change of every event, tracked or fed
 
@@ -140,6 +142,13 @@ class AiSdkProjection(Projection):
         return [Wire(json(c)) for c in out]
 
     def feed(self, ev: events.Event) -> list[Wire]:
+        if self._opened and self.spans.continues_text(ev):
+            # The common case (what the general path below makes of it, and
+            # how `_apply` keeps it): one text-delta chunk, the part's text.
+            assert isinstance(ev, events.TextDelta)
+            self.spans.advance(ev)
+            self._st.parts[-1].pieces.append(ev.delta)
+            return [Wire(self._text_delta(ev.message_id, ev.delta), ev.seq)]
         step = self._apply(ev)
         out: list[Chunk] = []
         if not self._opened:
@@ -159,6 +168,14 @@ class AiSdkProjection(Projection):
         wires = [Wire(json(c)) for c in out[:-1]]
         wires.append(Wire(json(out[-1]), ev.seq))
         return wires
+
+    def _text_delta(self, message_id: str, delta: str) -> bytes:
+        """`json({"type": "text-delta", "id": message_id, "delta": delta})`,
+        byte for byte, its head made once per message."""
+        if message_id != self._head_id:
+            self._head_id = message_id
+            self._head = b'{"type":"text-delta","id":' + json(message_id) + b',"delta":'
+        return self._head + json(delta) + b"}"
 
     def _start_chunk(self) -> Chunk:
         meta = {"run_id": self.ctx.run_id, "session_id": self.ctx.session_id}

@@ -85,15 +85,24 @@ class Spans:
     last_seq: int = 0
     ended: bool = False
 
+    def continues_text(self, ev: events.Event) -> bool:
+        """Whether `ev` is another text delta of the open text message: the
+        common case, which opens, closes and changes nothing (`advance`
+        returns no transition for it); formats answer it first."""
+        m = self.message
+        return (
+            m is not None
+            and type(ev) is events.TextDelta
+            and m.kind == "text"
+            and m.id == ev.message_id
+        )
+
     def advance(self, ev: events.Event) -> list[Transition]:
         self.last_seq = ev.seq
-        m = self.message
-        # The common case first, in a few comparisons: another delta of the
-        # open message (the `match` below would come to the same: nothing).
-        if m is not None and type(ev) is events.TextDelta and m.kind == "text":
-            if m.id == ev.message_id:
-                self.last_text_id = m.id
-                return []
+        if self.continues_text(ev):  # the `match` below would come to the same: nothing
+            assert isinstance(ev, events.TextDelta)
+            self.last_text_id = ev.message_id
+            return []
         out: list[Transition] = []
         match ev:
             case events.RunStart():
