@@ -20,7 +20,7 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood")
+SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat")
 
 
 def _load(name: str) -> ModuleType:

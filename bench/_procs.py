@@ -6,6 +6,8 @@
 - `RawServerProc`: bench/_rawws.py, the raw aiohttp server to compare with.
 - `LoadProc`: bench/_wsload.py, the client process (many WebSockets, SSE,
   JSON pages), driven over stdin/stdout.
+- `SseLoadProc`: bench/_sseload.py, the SSE reader of `bench compat` (any
+  format, native or compat), driven the same way.
 - `Meter`: the CPU readers of `_lib.CpuMeter` plus any of these processes,
   so that `_lib.Timer` reports each one's CPU and the host's outside load.
 
@@ -240,6 +242,12 @@ class _LineChild(_Child):
             raise RuntimeError(f"{self.name}: {msg.get('error')}\n{self.output()}")
         return msg
 
+    async def call(self, cmd: str, timeout_s: float = 300.0, **kw: Any) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"cmd": cmd, **kw}) + "\n").encode())
+        await self.proc.stdin.drain()
+        return await self.read(timeout_s)
+
     async def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is not None and self.proc.stdin is not None and self.proc.returncode is None:
             with contextlib.suppress(OSError, BrokenPipeError, ConnectionResetError):
@@ -287,15 +295,21 @@ class LoadProc(_LineChild):
         await self._spawn("bench._wsload", *(["--uvloop"] if self.use_uvloop else []))
         return self
 
-    async def call(self, cmd: str, timeout_s: float = 300.0, **kw: Any) -> dict[str, Any]:
-        assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"cmd": cmd, **kw}) + "\n").encode())
-        await self.proc.stdin.drain()
-        return await self.read(timeout_s)
-
     async def arm(self, target: int, timeout_s: float = 120.0) -> None:
         """Start waiting for every connection to reach `target`; collect with `armed_result`."""
         await self.call("arm", target=target, timeout_s=timeout_s)
 
     async def armed_result(self, timeout_s: float = 180.0) -> dict[str, Any]:
         return await self.read(timeout_s)
+
+
+class SseLoadProc(_LineChild):
+    """bench/_sseload.py: the SSE reader of `bench compat` (every format, one reader)."""
+
+    def __init__(self, use_uvloop: bool = True) -> None:
+        super().__init__("sseload")
+        self.use_uvloop = use_uvloop
+
+    async def start(self) -> SseLoadProc:
+        await self._spawn("bench._sseload", *(["--uvloop"] if self.use_uvloop else []))
+        return self

@@ -75,7 +75,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if raw is not None:
             meter.add("raw", raw.pid)
         commits: list[tuple[str, int, int, float]] = []
-        _hook_commits(b, commits)
+        hook_commits(b, commits)
         try:
             sessions = [
                 await b.store.create_session(_gw.USER, "bench latency")
@@ -102,7 +102,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"servers": versions, "figures": _figures(per_trial, args), "trials": per_trial}
 
 
-def _hook_commits(b: Any, out: list[tuple[str, int, int, float]]) -> None:
+def hook_commits(b: Any, out: list[tuple[str, int, int, float]]) -> None:
     """Record (run_id, first seq, last seq, wall time) when each transaction
     returned, before the live publish is queued. Wraps a private step of the
     appender (broker/log.py `_after_commit`): if it is renamed, this fails loudly."""
@@ -117,6 +117,44 @@ def _hook_commits(b: Any, out: list[tuple[str, int, int, float]]) -> None:
         original(groups, accepted, batch)
 
     setattr(appender, "_after_commit", after_commit)  # noqa: B010
+
+
+def match_latencies(
+    appended: dict[tuple[str, int], float],
+    commits: list[tuple[str, int, int, float]],
+    received: list[tuple[str, int, float]],
+    since: float,
+    until: float = float("inf"),
+) -> tuple[list[float], list[float], list[float], int]:
+    """Commit → receive, append → receive and append → commit (ms, sorted)
+    of the events appended in [since, until], and how many of them were not
+    received. `appended`: (run_id, seq) → append time; `commits`: what
+    `hook_commits` recorded; `received`: (run_id, seq, time), the first
+    receipt of an event counting when several clients follow its run."""
+    committed: dict[tuple[str, int], float] = {}
+    for run_id, first, last, t in commits:
+        for seq in range(first, last + 1):
+            committed[(run_id, seq)] = t
+    first_receipt: dict[tuple[str, int], float] = {}
+    for run_id, seq, t in received:
+        first_receipt.setdefault((run_id, seq), t)
+    lat_commit, lat_append, append_commit = [], [], []
+    missing = 0
+    for key, ta in appended.items():
+        if ta < since or ta > until:
+            continue
+        tr = first_receipt.get(key)
+        tc = committed.get(key)
+        if tr is None or tc is None:
+            missing += 1
+            continue
+        lat_commit.append((tr - tc) * 1e3)
+        lat_append.append((tr - ta) * 1e3)
+        append_commit.append((tc - ta) * 1e3)
+    lat_commit.sort()
+    lat_append.sort()
+    append_commit.sort()
+    return lat_commit, lat_append, append_commit, missing
 
 
 async def _product(
@@ -163,31 +201,10 @@ async def _product(
         await asyncio.gather(*(w.flush() for w in writers))
         await load.call("close_all")
 
-    committed: dict[tuple[str, int], float] = {}
-    for run_id, first, last, t in commits:
-        for seq in range(first, last + 1):
-            committed[(run_id, seq)] = t
-    received: dict[tuple[str, int], float] = {}
-    for topic, cursor, t in records:
-        key = (topic[4:], cursor)  # "run:<id>"
-        received.setdefault(key, t)  # a run followed by several clients: the first
-    cutoff = t_start + args.warmup_s
-    lat_commit, lat_append, append_commit = [], [], []
-    missing = 0
-    for key, ta in appended.items():
-        if ta < cutoff:
-            continue
-        tr = received.get(key)
-        tc = committed.get(key)
-        if tr is None or tc is None:
-            missing += 1
-            continue
-        lat_commit.append((tr - tc) * 1e3)
-        lat_append.append((tr - ta) * 1e3)
-        append_commit.append((tc - ta) * 1e3)
-    lat_commit.sort()
-    lat_append.sort()
-    append_commit.sort()
+    received = [(topic[4:], cursor, t) for topic, cursor, t in records]  # "run:<id>"
+    lat_commit, lat_append, append_commit, missing = match_latencies(
+        appended, commits, received, t_start + args.warmup_s
+    )
     q = _lib.quantile
     n_events = len(appended)
     return {

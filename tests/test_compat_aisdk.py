@@ -308,6 +308,48 @@ def test_a_message_reset_drops_that_text_and_keeps_the_rest_of_the_step() -> Non
         ], cursor  # fmt: skip
 
 
+def test_a_text_delta_of_the_open_message_is_the_general_path_byte_for_byte() -> None:
+    """The common case (another delta of the open text message) has its own
+    short path, and its chunk is built around the delta once per message:
+    every answer, from every cursor, must be byte for byte what the general
+    path makes (here forced by telling the projection no event continues
+    the open text), resets, steps and ids JSON escapes included."""
+    tricky = 'm"id":\\'
+    evs = _numbered([
+        events.RunStart(),
+        events.TextDelta(message_id="m0", delta="kept "),
+        events.TextDelta(message_id="m0", delta="by the reset"),
+        events.TextDelta(message_id="m1", delta="a"),
+        events.TextDelta(message_id="m1", delta='say "hi"\n'),
+        events.ReasoningDelta(message_id="m1", delta="hmm"),
+        events.TextDelta(message_id="m1", delta="b"),
+        events.TextDelta(message_id="m1", delta="c"),
+        events.MessageReset(message_id="m1"),
+        events.TextDelta(message_id="m1", delta="again"),
+        events.ToolCallStart(tool_call_id="c1", tool_name="t"),
+        events.ToolResult(tool_call_id="c1", status="ok"),
+        events.TextDelta(message_id=tricky, delta="x"),
+        events.TextDelta(message_id=tricky, delta=""),
+        events.TextDelta(message_id="m1", delta="late"),
+        events.MessageReset(message_id="m1"),
+        events.RunEnd(status="completed"),
+    ])  # fmt: skip
+
+    def wires(cursor: int, general: bool) -> list[tuple[bytes, int | None]]:
+        p = AiSdkProjection(Context("r1", "s1"))
+        if general:
+            p.spans.continues_text = lambda ev: False  # type: ignore[method-assign]
+        for e in evs[:cursor]:
+            p.track(e)
+        out = p.start()
+        for e in evs[cursor:]:
+            out += p.feed(e)
+        return [(w.data, w.seq) for w in out]
+
+    for cursor in range(len(evs)):
+        assert wires(cursor, general=False) == wires(cursor, general=True), cursor
+
+
 def side_run() -> list[events.Event]:
     return _numbered([
         events.RunStart(),

@@ -232,6 +232,31 @@ def test_a_filtered_frame_hands_its_id_to_the_last_frame_kept() -> None:
     assert [(w.event, w.seq) for w in got[-2:]] == [("messages", 14), ("end", 16)]
 
 
+def test_a_text_delta_frame_is_the_general_message_chunk_byte_for_byte() -> None:
+    """A text delta's frame is built around its content once per message and
+    step (the replay's hot path): it must be what `_chunk` encodes, also for
+    a message id JSON escapes (one that spells the `"content":""` it looks
+    for) and for a message that goes on in a later step."""
+    tricky = 'm"content":""\\'
+    log = _log()[:-1] + [
+        events.ToolCallStart(tool_call_id="c3", tool_name="t"),
+        events.ToolCallEnd(tool_call_id="c3"),
+        events.ToolResult(tool_call_id="c3", status="ok"),
+    ] + [events.TextDelta(message_id=m, delta=d) for m, d in (
+        ("m3", "m3 again, a step later"), (tricky, 'say "hi"'), (tricky, "\n"), (tricky, ""),
+    )] + [_log()[-1]]  # fmt: skip
+    for i, e in enumerate(log, 1):
+        e.seq = i
+    p = _proj(frozenset({"messages-tuple"}))
+    checked = 0
+    for e in log:
+        wires = p.feed(e)
+        if isinstance(e, events.TextDelta):
+            assert [w.data for w in wires] == [p._chunk(e.message_id, content=e.delta).data]
+            checked += 1
+    assert checked == 8
+
+
 def test_values_mode_carries_the_thread_state_after_each_step() -> None:
     got = _frames(_answer(_log(), 0, frozenset({"values"}), decided={"ap1"}))
     assert [(e, s) for e, s, _ in got] == [

@@ -185,6 +185,27 @@ def test_the_exact_chunks_of_a_run() -> None:
     ]  # fmt: skip
 
 
+def test_a_delta_chunk_is_the_general_chunk_byte_for_byte() -> None:
+    """A text or reasoning delta's chunk is built around its text and seq
+    once per message (the replay's hot path): it must be what the general
+    path encodes, for text and ids JSON escapes, seqs of any length, and
+    both kinds in turn."""
+    from gateway.compat import openai as chunks
+
+    p = OpenAIChunks(Context(RUN, "ses_t"))
+    p.feed(_run()[0])
+    cases = [(events.TextDelta, "m1", "a", 9), (events.TextDelta, "m1", 'say "hi"\n', 10),
+             (events.ReasoningDelta, "m1", "", 11), (events.TextDelta, 'm"2\\', "\u2028", 99999),
+             (events.ReasoningDelta, 'm"2\\', "ok", 100000)]  # fmt: skip
+    for typ, mid, text, seq in cases:
+        ev = typ(message_id=mid, delta=text, seq=seq)
+        kind, field = (("assistant_text", "content") if typ is events.TextDelta
+                       else ("reasoning_text", "reasoning_content"))  # fmt: skip
+        general = p._wire(chunks._delta(chunks.json({field: text})), kind,
+                          {"message_id": mid}, seq)  # fmt: skip
+        assert p.feed(ev) == [general]
+
+
 def test_framing_only_the_last_chunk_of_an_event_carries_its_seq() -> None:
     wires = _answer(_run())
     assert all(b"\n" not in w.data and b"\r" not in w.data for w in wires)

@@ -56,7 +56,8 @@ class AgentUiProjection(Projection):
             self.ctx.decided.add(ev.approval_id)
         if isinstance(ev, events.RunEnd):
             self.done = True
-        return [Wire(json({**body, "seq": ev.seq}), ev.seq)]
+        body["seq"] = ev.seq  # last, as in every frame (a fresh dict: no copy needed)
+        return [Wire(json(body), ev.seq)]
 
     def _frame(self, ev: events.Event) -> dict[str, object] | None:
         r = self.ctx.run_id

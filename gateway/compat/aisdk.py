@@ -47,7 +47,7 @@ import msgspec
 from broker import events
 
 from .base import Context, Projection, Wire, json
-from .spans import Close, Open, Span, Transition
+from .spans import Close, Open, Span, Transition, joined
 
 Chunk = dict[str, object]
 
@@ -58,14 +58,19 @@ _json_decoder = msgspec.json.Decoder()
 
 @dataclass
 class _Part:
-    """A text or reasoning part of the current step, as the client holds it."""
+    """A text or reasoning part of the current step, as the client holds it.
+    Its text is kept in the deltas' pieces (`spans.joined`)."""
 
     kind: str
     id: str
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return joined(self.pieces)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     new: bool  # this event opens a new step (a turn after a tool result)
     transitions: list[Transition]
@@ -89,6 +94,8 @@ class AiSdkProjection(Projection):
         super().__init__(ctx)
         self._opened = False  # `start` is out
         self._st = _State()
+        self._head_id: str | None = None  # the message whose text-delta head is kept
+        self._head = b""
 
     # -- the state change of every event, tracked or fed
 
@@ -104,7 +111,7 @@ class AiSdkProjection(Projection):
                 st.parts.append(_Part(t.span.kind, t.span.id))
         match ev:
             case events.TextDelta() | events.ReasoningDelta():
-                st.parts[-1].text += ev.delta
+                st.parts[-1].pieces.append(ev.delta)
             case events.MessageReset():
                 kept = [p for p in st.parts if (p.kind, p.id) != ("text", ev.message_id)]
                 if len(kept) < len(st.parts) and not st.has_tool:
@@ -135,6 +142,13 @@ class AiSdkProjection(Projection):
         return [Wire(json(c)) for c in out]
 
     def feed(self, ev: events.Event) -> list[Wire]:
+        if self._opened and self.spans.continues_text(ev):
+            # The common case (what the general path below makes of it, and
+            # how `_apply` keeps it): one text-delta chunk, the part's text.
+            assert isinstance(ev, events.TextDelta)
+            self.spans.advance(ev)
+            self._st.parts[-1].pieces.append(ev.delta)
+            return [Wire(self._text_delta(ev.message_id, ev.delta), ev.seq)]
         step = self._apply(ev)
         out: list[Chunk] = []
         if not self._opened:
@@ -149,10 +163,19 @@ class AiSdkProjection(Projection):
             if isinstance(t, Open) and t.span.kind != "tool":
                 out.append({"type": f"{t.span.kind}-start", "id": t.span.id})
         out += self._render(ev, step)
-        wires = [Wire(json(c)) for c in out]
-        if wires:
-            wires[-1] = Wire(wires[-1].data, ev.seq)
+        if not out:
+            return []
+        wires = [Wire(json(c)) for c in out[:-1]]
+        wires.append(Wire(json(out[-1]), ev.seq))
         return wires
+
+    def _text_delta(self, message_id: str, delta: str) -> bytes:
+        """`json({"type": "text-delta", "id": message_id, "delta": delta})`,
+        byte for byte, its head made once per message."""
+        if message_id != self._head_id:
+            self._head_id = message_id
+            self._head = b'{"type":"text-delta","id":' + json(message_id) + b',"delta":'
+        return self._head + json(delta) + b"}"
 
     def _start_chunk(self) -> Chunk:
         meta = {"run_id": self.ctx.run_id, "session_id": self.ctx.session_id}

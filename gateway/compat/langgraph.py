@@ -40,6 +40,7 @@ import msgspec
 from broker import errors, events
 
 from .base import Context, Projection, Wire, json
+from .spans import joined
 
 MESSAGES_TUPLE = "messages-tuple"
 MODES = frozenset({MESSAGES_TUPLE, "updates", "custom", "values"})
@@ -80,6 +81,11 @@ class LangGraph(Projection):
         self._calls: dict[str, tuple[str, int]] = {}  # tool call -> (its message, index there)
         self._per_message: dict[str, int] = {}  # message -> tool calls in it so far
         self._state = _State(ctx) if "values" in modes else None
+        # The `event:` names of the modes not asked for.
+        self._dropped = frozenset(e for e, m in _EVENT_MODE.items() if m not in modes)
+        # A text delta's frame around its content, for the last (message, step) seen.
+        self._text_key: tuple[str, int] | None = None
+        self._text_head = self._text_tail = b""
 
     # -- the Projection interface
 
@@ -122,7 +128,10 @@ class LangGraph(Projection):
             case events.RunStart():
                 pass  # its `metadata` went out above (only a malformed log has another)
             case events.TextDelta():
-                out.append(self._chunk(ev.message_id, content=ev.delta))
+                data = self._text(ev.message_id, ev.delta)
+                if not out and "messages" not in self._dropped:
+                    return [Wire(data, ev.seq, "messages")]  # what `_keep` would make of it
+                out.append(Wire(data, event="messages"))
             case events.ReasoningDelta():
                 out.append(self._chunk(ev.message_id, reasoning=ev.delta))
             case events.ToolCallStart():
@@ -179,9 +188,16 @@ class LangGraph(Projection):
 
     def _keep(self, out: list[Wire], seq: int | None) -> list[Wire]:
         """The frames of the modes asked for; the last one kept carries `seq`."""
-        kept = [w for w in out if w.event not in _EVENT_MODE or _EVENT_MODE[w.event] in self.modes]
+        dropped = self._dropped
+        if len(out) == 1:  # most events: no list to filter
+            w = out[0]
+            if w.event in dropped:
+                return []
+            return out if seq is None else [Wire(w.data, seq, w.event)]
+        kept = [w for w in out if w.event not in dropped]
         if kept and seq is not None:
-            kept[-1] = kept[-1]._replace(seq=seq)
+            w = kept[-1]
+            kept[-1] = Wire(w.data, seq, w.event)
         return kept
 
     def _metadata(self, seq: int | None) -> Wire:
@@ -206,6 +222,17 @@ class LangGraph(Projection):
         meta = {"run_id": self.ctx.run_id, "thread_id": self.ctx.session_id,
                 "langgraph_node": _NODE, "langgraph_step": self.spans.step, "tags": []}  # fmt: skip
         return Wire(json([chunk, meta]), event="messages")
+
+    def _text(self, message_id: str, delta: str) -> bytes:
+        """`_chunk(message_id, content=delta).data`, byte for byte, without
+        building and encoding its dicts for every delta: the frame around the
+        content is made once per message and step."""
+        key = (message_id, self.spans.step)
+        if key != self._text_key:
+            blank = self._chunk(message_id).data
+            at = blank.index(b'"content":""') + len(b'"content":')  # the first: ids are escaped
+            self._text_key, self._text_head, self._text_tail = key, blank[:at], blank[at + 2 :]
+        return self._text_head + json(delta) + self._text_tail
 
     def _tool_message(self, ev: events.ToolResult) -> dict[str, object]:
         return _tool_message(ev, self.spans.tool_names.get(ev.tool_call_id, ""))
@@ -249,13 +276,18 @@ def _custom(ev: events.Event) -> dict[str, object]:
 
 
 class _State:
-    """The thread state a `values` frame carries: the run's messages so far."""
+    """The thread state a `values` frame carries: the run's messages so far.
+
+    An AI message's text and reasoning are kept in their deltas' pieces
+    (`spans.joined`), joined into its dict when a frame is made (`snapshot`)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.messages: list[dict[str, object]] = []
         self._ai: dict[str, dict[str, object]] = {}  # message id -> its dict in `messages`
-        self._args: dict[str, str] = {}  # tool call -> its argument text
+        self._text: dict[str, list[str]] = {}  # message id -> its content's pieces
+        self._reasoning: dict[str, list[str]] = {}  # message id -> its reasoning's pieces
+        self._args: dict[str, list[str]] = {}  # tool call -> its argument deltas
 
     def apply(self, ev: events.Event, calls: dict[str, tuple[str, int]]) -> None:
         match ev:
@@ -263,24 +295,23 @@ class _State:
                 self.messages.append({"type": "human", "id": f"{self.ctx.run_id}.input",
                                       "content": ev.input})  # fmt: skip
             case events.TextDelta():
-                m = self._message(ev.message_id)
-                m["content"] = str(m["content"]) + ev.delta
+                self._message(ev.message_id)
+                self._text[ev.message_id].append(ev.delta)
             case events.ReasoningDelta():
-                kw = self._message(ev.message_id)["additional_kwargs"]
-                assert isinstance(kw, dict)
-                kw["reasoning_content"] = kw.get("reasoning_content", "") + ev.delta
+                self._message(ev.message_id)
+                self._reasoning.setdefault(ev.message_id, []).append(ev.delta)
             case events.MessageReset():
                 if ev.message_id in self._ai:
-                    self._ai[ev.message_id]["content"] = ""
+                    self._text[ev.message_id].clear()
             case events.ToolCallStart():
                 tool_calls = self._message(calls[ev.tool_call_id][0])["tool_calls"]
                 assert isinstance(tool_calls, list)
                 tool_calls.append({"id": ev.tool_call_id, "name": ev.tool_name, "args": {},
                                    "type": "tool_call"})  # fmt: skip
-                self._args[ev.tool_call_id] = ""
+                self._args[ev.tool_call_id] = []
             case events.ToolArgsDelta():
                 if ev.tool_call_id in self._args:
-                    self._args[ev.tool_call_id] += ev.partial_json
+                    self._args[ev.tool_call_id].append(ev.partial_json)
             case events.ToolCallEnd():
                 self._parse_args(ev.tool_call_id, calls)
             case events.ToolResult():
@@ -288,6 +319,12 @@ class _State:
                 self.messages.append(_tool_message(ev, self._name(ev.tool_call_id, calls)))
 
     def snapshot(self) -> dict[str, object]:
+        for mid, m in self._ai.items():
+            m["content"] = joined(self._text[mid])
+            if mid in self._reasoning:
+                kw = m["additional_kwargs"]
+                assert isinstance(kw, dict)
+                kw["reasoning_content"] = joined(self._reasoning[mid])
         return {"messages": self.messages}
 
     def _message(self, message_id: str) -> dict[str, object]:
@@ -296,6 +333,7 @@ class _State:
             m = {"type": "ai", "id": message_id, "content": "", "additional_kwargs": {},
                  "tool_calls": []}  # fmt: skip
             self._ai[message_id] = m
+            self._text[message_id] = []
             self.messages.append(m)
         return m
 
@@ -310,9 +348,10 @@ class _State:
         return str(self._call(tool_call_id, calls)["name"]) if tool_call_id in calls else ""
 
     def _parse_args(self, tool_call_id: str, calls: dict[str, tuple[str, int]]) -> None:
-        raw = self._args.pop(tool_call_id, None)
-        if raw is None or tool_call_id not in calls:
+        pieces = self._args.pop(tool_call_id, None)
+        if pieces is None or tool_call_id not in calls:
             return
+        raw = "".join(pieces)
         try:
             args = msgspec.json.decode(raw) if raw else {}
         except msgspec.DecodeError:

@@ -57,6 +57,9 @@ class OpenAIChunks(Projection):
         self._first_ts = 0
         self._head = b""  # the chunk's opening, up to `"choices":`, built once
         self._tail = b',"run_id":' + json(ctx.run_id) + b"}}"
+        # A delta's chunk around its text and seq, for the last (kind, message) seen.
+        self._around_key: tuple[str, str] | None = None
+        self._around = (b"", b"", b"")
 
     # -- Projection
 
@@ -97,15 +100,9 @@ class OpenAIChunks(Projection):
                     )
                 ]
             case events.TextDelta():
-                delta = b'{"content":' + json(ev.delta) + b"}"
-                return [
-                    self._wire(_delta(delta), "assistant_text", {"message_id": ev.message_id}, seq)
-                ]
+                return [self._message_delta("assistant_text", b"content", ev)]
             case events.ReasoningDelta():
-                delta = b'{"reasoning_content":' + json(ev.delta) + b"}"
-                return [
-                    self._wire(_delta(delta), "reasoning_text", {"message_id": ev.message_id}, seq)
-                ]
+                return [self._message_delta("reasoning_text", b"reasoning_content", ev)]
             case events.ToolCallStart():
                 call: _D = {
                     "index": self.index[ev.tool_call_id],
@@ -199,8 +196,24 @@ class OpenAIChunks(Projection):
         return out
 
     def _wire(self, choices: bytes, kind: str, fields: dict[str, object], seq: int | None) -> Wire:
-        extra = json(kind) + b"," + json(fields)[1:-1]
-        return Wire(self._chunk(choices, extra, seq), seq)
+        return Wire(self._chunk(choices, _extra(kind, fields), seq), seq)
+
+    def _message_delta(
+        self, kind: str, field: bytes, ev: events.TextDelta | events.ReasoningDelta
+    ) -> Wire:
+        """`self._wire(_delta({field: ev.delta}), kind, {"message_id": ...}, ev.seq)`,
+        byte for byte, with what surrounds the delta and the seq made once
+        per message (deltas are the replay's hot path)."""
+        key = (kind, ev.message_id)
+        if key != self._around_key:
+            whole = self._chunk(_delta(b'{"' + field + b'":""}'),
+                                _extra(kind, {"message_id": ev.message_id}), 0)  # fmt: skip
+            at = len(self._head) + len(b'[{"index":0,"delta":{"') + len(field) + len(b'":')
+            seq_at = len(whole) - len(self._tail) - 1  # the 0
+            self._around_key = key
+            self._around = (whole[:at], whole[at + 2 : seq_at], self._tail)
+        before, between, after = self._around
+        return Wire(b"%b%b%b%d%b" % (before, json(ev.delta), between, ev.seq, after), ev.seq)
 
     def _chunk(self, choices: bytes, extra: bytes, seq: int | None, usage: bytes = b"") -> bytes:
         """A chunk from its `choices` JSON, the inside of `extra` after
@@ -236,6 +249,11 @@ class OpenAIChunks(Projection):
 
     def _name(self, tool_call_id: str) -> str:
         return self.spans.tool_names.get(tool_call_id, "")
+
+
+def _extra(kind: str, fields: dict[str, object]) -> bytes:
+    """The inside of a chunk's `extra` after `"kind":`."""
+    return json(kind) + b"," + json(fields)[1:-1]
 
 
 def _delta(delta: bytes) -> bytes:

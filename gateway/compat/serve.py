@@ -73,6 +73,15 @@ class Framing:
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def render(self, wires: list[Wire]) -> bytes:
+        if len(wires) == 1:  # most events are one item: no list, no join
+            data, seq, event = wires[0]
+            if seq is None or not self.ids:
+                if event is None or not self.event_names:
+                    return b"data: %b\n\n" % data
+                return b"event: %b\ndata: %b\n\n" % (event.encode(), data)
+            if event is None or not self.event_names:
+                return b"id: %d\ndata: %b\n\n" % (seq, data)
+            return b"id: %d\nevent: %b\ndata: %b\n\n" % (seq, event.encode(), data)
         out = []
         for w in wires:
             if self.ids and w.seq is not None:
@@ -118,6 +127,11 @@ class CompatClient(Connection):
     async def send(self, items: list[Item]) -> None:
         out: list[bytes] = []
         size = 0
+        # The per-event loop is the replay's hot path: its lookups are hoisted,
+        # and `sent` is brought up to date before every await (only then can
+        # anyone else read it) instead of after every event.
+        projection = self.projection
+        feed, render, decode_stored = projection.feed, self.framing.render, events.decode_stored
         for it in items:
             if self.finished:
                 break  # a heartbeat, or events past the end: the answer is over
@@ -125,23 +139,31 @@ class CompatClient(Connection):
                 assert it.data is not None
                 out.append(it.data)
                 size += len(it.data)
-            else:
-                assert it.topic is not None
-                for e in it.stored:
-                    ev = decode(e.payload)
-                    if ev is not None:
-                        data = self.framing.render(self.projection.feed(ev))
-                        out.append(data)
-                        size += len(data)
-                    self.sent[it.topic] = e.seq
-                    if self.projection.done or e.type == "run_end":
-                        self.finished = True
-                        if self.framing.done is not None:
-                            out.append(self.framing.done)
-                        break
-                    if size >= _WRITE_BYTES:
-                        await self._write(out)
-                        out, size = [], 0
+                continue
+            topic = it.topic
+            assert topic is not None
+            seq = -1
+            for e in it.stored:
+                seq = e.seq
+                try:
+                    ev = decode_stored(e.payload)
+                except msgspec.ValidationError:
+                    pass  # a type this gateway does not know (see `decode`)
+                else:
+                    data = render(feed(ev))
+                    out.append(data)
+                    size += len(data)
+                if projection.done or e.type == "run_end":
+                    self.finished = True
+                    if self.framing.done is not None:
+                        out.append(self.framing.done)
+                    break
+                if size >= _WRITE_BYTES:
+                    self.sent[topic] = seq
+                    await self._write(out)
+                    out, size = [], 0
+            if seq >= 0:
+                self.sent[topic] = seq
         if out:
             await self._write(out)
 

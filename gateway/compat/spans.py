@@ -31,13 +31,29 @@ from broker import events
 Kind = Literal["text", "reasoning", "tool"]
 
 
+def joined(pieces: list[str]) -> str:
+    """The text of a message or of a tool call's arguments, kept as its
+    deltas' pieces, left as one piece (so the next join starts from it).
+    Text that grows by deltas is kept so everywhere because `s = s + delta`
+    on an attribute or a dict value copies all of `s` every time: quadratic
+    in a long message."""
+    if len(pieces) > 1:
+        pieces[:] = ["".join(pieces)]
+    return pieces[0] if pieces else ""
+
+
 @dataclass
 class Span:
     kind: Kind
     id: str  # message_id, or tool_call_id
     name: str = ""  # a tool call's tool name
-    args: str = ""  # a tool call's argument text so far
     risk_level: str = "low"
+    arg_pieces: list[str] = field(default_factory=list)  # its argument deltas so far
+
+    @property
+    def args(self) -> str:
+        """A tool call's argument text so far."""
+        return joined(self.arg_pieces)
 
 
 @dataclass(frozen=True)
@@ -58,7 +74,9 @@ class Spans:
     message: Span | None = None  # the open text or reasoning message
     tools: dict[str, Span] = field(default_factory=dict)  # open tool calls, in start order
     tool_names: dict[str, str] = field(default_factory=dict)  # every tool call seen: id -> name
-    tool_args: dict[str, str] = field(default_factory=dict)  # every tool call's full arguments
+    # Every tool call's argument deltas (`tool_args` joins them): argument
+    # text grows by deltas, like a message's (`base.joined`).
+    arg_pieces: dict[str, list[str]] = field(default_factory=dict)
     last_text_id: str | None = None  # the last text message (a tool call's parent)
     pending_approvals: dict[str, events.ApprovalRequired] = field(default_factory=dict)
     run_start: events.RunStart | None = None
@@ -67,9 +85,25 @@ class Spans:
     last_seq: int = 0
     ended: bool = False
 
+    def continues_text(self, ev: events.Event) -> bool:
+        """Whether `ev` is another text delta of the open text message: the
+        common case, which opens, closes and changes nothing (`advance`
+        returns no transition for it); formats answer it first."""
+        m = self.message
+        return (
+            m is not None
+            and type(ev) is events.TextDelta
+            and m.kind == "text"
+            and m.id == ev.message_id
+        )
+
     def advance(self, ev: events.Event) -> list[Transition]:
-        out: list[Transition] = []
         self.last_seq = ev.seq
+        if self.continues_text(ev):  # the `match` below would come to the same: nothing
+            assert isinstance(ev, events.TextDelta)
+            self.last_text_id = ev.message_id
+            return []
+        out: list[Transition] = []
         match ev:
             case events.RunStart():
                 self.run_start = ev
@@ -93,15 +127,13 @@ class Spans:
                 span = Span("tool", ev.tool_call_id, name=ev.tool_name, risk_level=ev.risk_level)
                 self.tools[ev.tool_call_id] = span
                 self.tool_names[ev.tool_call_id] = ev.tool_name
-                self.tool_args[ev.tool_call_id] = ""
+                self.arg_pieces[ev.tool_call_id] = []
                 out.append(Open(span))
             case events.ToolArgsDelta():
                 open_call = self.tools.get(ev.tool_call_id)
                 if open_call is not None:
-                    open_call.args += ev.partial_json
-                self.tool_args[ev.tool_call_id] = self.tool_args.get(ev.tool_call_id, "") + (
-                    ev.partial_json
-                )
+                    open_call.arg_pieces.append(ev.partial_json)
+                self.arg_pieces.setdefault(ev.tool_call_id, []).append(ev.partial_json)
             case events.ToolCallEnd():
                 ended_call = self.tools.pop(ev.tool_call_id, None)
                 if ended_call is not None:
@@ -118,6 +150,11 @@ class Spans:
                 self._close_all(out)
                 self.ended = True
         return out
+
+    @property
+    def tool_args(self) -> dict[str, str]:
+        """Every tool call's full arguments so far (made when read)."""
+        return {call: joined(pieces) for call, pieces in self.arg_pieces.items()}
 
     def open_now(self) -> list[Span]:
         """The spans open now, in the order a resumed answer re-opens them."""
