@@ -29,8 +29,6 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from broker.events import ApprovalRequired
-
 from .. import inputs, rest, sse
 from ..auth import Principal
 from ..context import GATEWAY, Gateway
@@ -177,22 +175,9 @@ async def _continue(
 
 async def _request_seq(gw: Gateway, run_id: str, approval_ids: set[str]) -> int:
     """The seq of the last of these approvals' `approval_required` (all are
-    in the run: `decide` checked). Read from the log: only those events are
-    decoded."""
-    store, s = gw.broker.store, gw.settings
-    last, pos, left = 0, 0, set(approval_ids)
-    while left:
-        page = await store.run_page(run_id, pos, s.page_max_events)
-        if not page:
-            break
-        for e in page:
-            if e.type == "approval_required":
-                ev = serve.decode(e.payload)
-                if isinstance(ev, ApprovalRequired) and ev.approval_id in left:
-                    left.discard(ev.approval_id)
-                    last = e.seq
-        pos = page[-1].seq
-    return last
+    in the run: `decide` checked)."""
+    store = gw.broker.store
+    return max([(await store.approval_seq(run_id, a)) or 0 for a in approval_ids], default=0)
 
 
 async def _stream(

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import msgspec
 from aiohttp import web
 
-from broker import errors, events, ids
+from broker import errors, ids
 from broker.store import RunInfo
 
 from .. import auth, inputs, sse
@@ -336,29 +336,14 @@ async def _waiting(gw: Gateway, thread_id: str) -> list[str]:
 
 async def _approval_seq(gw: Gateway, run_id: str, approval_ids: set[str]) -> int:
     """The seq of the first of these approvals' `approval_required` in the
-    run's log. A run waiting for one has it last (the common case: one read);
-    otherwise the log is read from the start."""
-    store, limit = gw.broker.store, gw.settings.page_max_events
-    head, _ = await store.run_head(run_id)
-    found: list[int] = []
-    after = max(head - 1, 0) if len(approval_ids) == 1 else 0
-    while True:
-        page = await store.run_page(run_id, after, limit)
-        for e in page:
-            if e.type == "approval_required":
-                ev = events.decode_stored(e.payload)
-                if isinstance(ev, events.ApprovalRequired) and ev.approval_id in approval_ids:
-                    found.append(e.seq)
-        if found:
-            return min(found)
-        if len(page) < limit:
-            if after > 0:
-                after = 0  # not the last event: read it all
-                continue
-            raise errors.ApprovalNotFound(
-                "the approval is not in the run's log yet", hint="retry in a moment"
-            )
-        after = page[-1].seq
+    run's log."""
+    store = gw.broker.store
+    found = [s for a in approval_ids if (s := await store.approval_seq(run_id, a)) is not None]
+    if not found:
+        raise errors.ApprovalNotFound(
+            "the approval is not in the run's log yet", hint="retry in a moment"
+        )
+    return min(found)
 
 
 async def _serve(
