@@ -150,6 +150,12 @@ cli.main(["gateway"])
 """
 
 
+# The load processes open their many clients as one user from one address:
+# benchmarks of fan-out, latency and idle connections turn the per-user and
+# per-address caps off (bench flood measures them, with their defaults).
+NO_CONNECTION_CAPS: dict[str, object] = {"max_connections_per_user": 0, "max_connections_per_ip": 0}
+
+
 class GatewayProc(_Child):
     """`profile`: run the gateway under cProfile (CPU time), stats written to
     that file when it stops."""

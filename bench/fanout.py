@@ -47,7 +47,7 @@ from broker.runtime import Broker
 from . import _gw, _lib
 from ._gw import progress
 from ._lib import Figure, Timer
-from ._procs import GatewayProc, LoadProc, Meter, RawServerProc
+from ._procs import NO_CONNECTION_CAPS, GatewayProc, LoadProc, Meter, RawServerProc
 
 # Bytes of a one-event frame of this workload (a text_delta in a run topic),
 # to keep a burst's backlog per connection under the gateway's lag mark.
@@ -94,7 +94,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         versions = await _lib.server_versions(st)
         meter = Meter(st)
         b = await _gw.connect_broker(st)
-        gw = await GatewayProc(st, profile=args.profile_gateway).start()
+        gw = await GatewayProc(st, profile=args.profile_gateway, **NO_CONNECTION_CAPS).start()
         raw = None if args.no_raw else await RawServerProc().start()
         load = await LoadProc().start()
         meter.add("gateway", gw.pid)

@@ -30,7 +30,7 @@ from typing import Any
 from . import _gw, _lib
 from ._gw import progress
 from ._lib import Figure, Stack
-from ._procs import GatewayProc, LoadProc, RawServerProc
+from ._procs import NO_CONNECTION_CAPS, GatewayProc, LoadProc, RawServerProc
 from ._wsload import raise_fd_limit
 
 KIB = 1024
@@ -74,7 +74,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _gateway(st: Stack, sessions: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    gw = await GatewayProc(st).start()
+    gw = await GatewayProc(st, None, **NO_CONNECTION_CAPS).start()
     load = await LoadProc().start()
     n = args.conns
     token = _gw.token()

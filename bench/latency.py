@@ -43,7 +43,7 @@ from broker.log import RunWriter
 from . import _gw, _lib
 from ._gw import progress
 from ._lib import Figure, Timer
-from ._procs import GatewayProc, LoadProc, Meter, RawServerProc
+from ._procs import NO_CONNECTION_CAPS, GatewayProc, LoadProc, Meter, RawServerProc
 from ._rawws import RELAY_SUBJECT_PREFIX, delta_payload, event_frame
 
 
@@ -67,7 +67,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         versions = await _lib.server_versions(st)
         meter = Meter(st)
         b = await _gw.connect_broker(st)
-        gw = await GatewayProc(st, profile=args.profile_gateway).start()
+        gw = await GatewayProc(st, profile=args.profile_gateway, **NO_CONNECTION_CAPS).start()
         raw = None if args.no_raw else await RawServerProc(nats_url=st.nats_url).start()
         load = await LoadProc().start()
         meter.add("gateway", gw.pid)

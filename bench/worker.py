@@ -51,7 +51,7 @@ from tests.fakes.providers import FakeProvider, slow_tokens
 from . import _gw, _lib
 from ._gw import USER, progress
 from ._lib import Figure, Stack, Timer
-from ._procs import GatewayProc, Meter, WorkerProc
+from ._procs import NO_CONNECTION_CAPS, GatewayProc, Meter, WorkerProc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -237,7 +237,7 @@ async def _scripted_parts(
         st, concurrency=max(args.runs, 8), model_adapter="scripted",
         scripted_tokens_per_s=args.tokens_per_s,
     ).start()  # fmt: skip
-    gw = await GatewayProc(st).start() if "start" not in skip else None
+    gw = await GatewayProc(st, None, **NO_CONNECTION_CAPS).start() if "start" not in skip else None
     meter.add("worker", wk.pid)
     try:
         for trial, t in enumerate(per_trial):
