@@ -97,10 +97,12 @@ async def world(settings: Settings) -> AsyncIterator[World]:
                                    tool_call_id="c", summary="s",
                                    expires_at_ms=int(time.time() * 1000) + 3_600_000)  # fmt: skip
             found |= {"sid" + suffix: sid, "rid" + suffix: rid, "aid" + suffix: aid}
-        # No census: the proxy must see only what requests cause.
+        # No census and no access re-check (its queries, every access_recheck_s,
+        # would land in whichever row is recording then): the proxy must see
+        # only what requests cause.
         async with running_gateway(
             settings, database_url=proxy.route(settings.database_url), runs_sample_interval_s=0,
-            control_rate_per_s=1000,
+            control_rate_per_s=1000, access_recheck_s=3600,
         ) as gw:  # fmt: skip
             yield World(gw, proxy, db, found)
     finally:
