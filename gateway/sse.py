@@ -26,7 +26,7 @@ from .connection import Connection, State
 from .context import Gateway
 from .disconnect import CODES
 from .frames import message
-from .sendq import Item
+from .sendq import Item, Mode
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -36,21 +36,61 @@ SSE_HEADERS = {
 }
 
 
-class SseClient(Connection):
-    kind = "sse"
+class HttpStream(Connection):
+    """A connection that is one streamed HTTP response (native SSE, and the
+    compat formats' answers): it lives in `hold`, which ends when the
+    connection closes or the client goes away, and sends `heartbeat` when the
+    stream has been quiet for sse_heartbeat_s."""
 
     def __init__(
-        self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str
+        self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str, mode: Mode
     ) -> None:
-        super().__init__(gw, user, "sse")
+        super().__init__(gw, user, mode)
         self.request = request
         self.resp = resp
-        self._key = ""
         self._closing = asyncio.Event()
         self._last_write = asyncio.get_running_loop().time()
 
     def transport(self) -> asyncio.Transport | None:
         return _aio.transport_of(self.request)
+
+    def close(self, code: str | None) -> asyncio.Future[None]:
+        self._closing.set()
+        return super().close(code)
+
+    def wants_heartbeat(self) -> bool:
+        return True
+
+    async def hold(self, heartbeat: bytes | None) -> None:
+        """Until the connection closes or the client leaves."""
+        s = self.gw.settings
+        loop = asyncio.get_running_loop()
+        while self.state is State.OPEN:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), timeout=min(1.0, s.sse_heartbeat_s))
+            if self.state is not State.OPEN:
+                break
+            t = self.transport()
+            if t is None or t.is_closing():
+                self.close(None)  # the client went away
+            elif (
+                heartbeat is not None
+                and self.queue.nbytes == 0
+                and loop.time() - self._last_write >= s.sse_heartbeat_s
+                and self.wants_heartbeat()
+            ):
+                self.queue.put_message(heartbeat)
+        await self.close(None)  # waits for whichever teardown began
+
+
+class SseClient(HttpStream):
+    kind = "sse"
+
+    def __init__(
+        self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str
+    ) -> None:
+        super().__init__(gw, request, resp, user, "sse")
+        self._key = ""
 
     async def send(self, items: list[Item]) -> None:
         for it in items:
@@ -63,10 +103,6 @@ class SseClient(Connection):
         member = self.members.get(self._key)
         if member is not None and member.ended and self.queue.nbytes == 0:
             self.close(None)  # the run's end is out: finish now
-
-    def close(self, code: str | None) -> asyncio.Future[None]:
-        self._closing.set()
-        return super().close(code)
 
     async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
         if code is not None:
@@ -82,19 +118,7 @@ class SseClient(Connection):
     async def serve(self, key: str) -> None:
         """Until the run ends, the client leaves, or the server ends the stream."""
         self._key = key
-        s = self.gw.settings
-        loop = asyncio.get_running_loop()
-        while self.state is State.OPEN:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), timeout=min(1.0, s.sse_heartbeat_s))
-            if self.state is not State.OPEN:
-                break
-            t = self.transport()
-            if t is None or t.is_closing():
-                self.close(None)  # the client went away
-            elif loop.time() - self._last_write >= s.sse_heartbeat_s and self.queue.nbytes == 0:
-                self.queue.put_message(b": hb\n\n")
-        await self.close(None)  # waits for whichever teardown began
+        await self.hold(b": hb\n\n")
 
 
 def cursor_from(request: web.Request) -> int:

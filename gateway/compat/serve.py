@@ -36,7 +36,6 @@ parsing and its `Projection` differ. Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -46,13 +45,11 @@ from aiohttp import web
 
 from broker import errors, events
 
-from .. import _aio
 from ..admission import Ticket
 from ..auth import Principal
-from ..connection import Connection, State
 from ..context import Gateway
 from ..sendq import Item
-from ..sse import SSE_HEADERS
+from ..sse import SSE_HEADERS, HttpStream
 from .base import Projection, Wire
 
 # Rendered output is written in pieces of about this size, so a long replay
@@ -101,9 +98,9 @@ def decode(payload: bytes) -> events.AnyEvent | None:
         return None
 
 
-class CompatClient(Connection):
-    """One compat answer: a Connection whose writer runs the projection over
-    the stored events the hub queues for it ("raw" items)."""
+class CompatClient(HttpStream):
+    """One compat answer: a streamed response whose writer runs the
+    projection over the stored events the hub queues for it ("raw" items)."""
 
     kind = "compat"
 
@@ -111,18 +108,11 @@ class CompatClient(Connection):
         self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str,
         projection: Projection, framing: Framing,
     ) -> None:  # fmt: skip
-        super().__init__(gw, user, "raw")
-        self.request = request
-        self.resp = resp
+        super().__init__(gw, request, resp, user, "raw")
         self.projection = projection
         self.framing = framing
         self.finished = False  # the answer's last item is rendered: nothing more goes out
         self._eof = False  # the goodbye began: nothing more is written
-        self._closing = asyncio.Event()
-        self._last_write = asyncio.get_running_loop().time()
-
-    def transport(self) -> asyncio.Transport | None:
-        return _aio.transport_of(self.request)
 
     async def send(self, items: list[Item]) -> None:
         out: list[bytes] = []
@@ -177,9 +167,8 @@ class CompatClient(Connection):
         if self.finished:
             self.close(None)
 
-    def close(self, code: str | None) -> asyncio.Future[None]:
-        self._closing.set()
-        return super().close(code)
+    def wants_heartbeat(self) -> bool:
+        return not self.finished
 
     async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
         # No in-band reason: these formats have none that their clients
@@ -193,25 +182,7 @@ class CompatClient(Connection):
 
     async def serve(self) -> None:
         """Until the answer is done, the client leaves, or the server ends it."""
-        s = self.gw.settings
-        hb = self.framing.heartbeat
-        loop = asyncio.get_running_loop()
-        while self.state is State.OPEN:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), timeout=min(1.0, s.sse_heartbeat_s))
-            if self.state is not State.OPEN:
-                break
-            t = self.transport()
-            if t is None or t.is_closing():
-                self.close(None)  # the client went away
-            elif (
-                hb is not None
-                and not self.finished
-                and self.queue.nbytes == 0
-                and loop.time() - self._last_write >= s.sse_heartbeat_s
-            ):
-                self.queue.put_message(hb)
-        await self.close(None)  # waits for whichever teardown began
+        await self.hold(self.framing.heartbeat)
 
 
 async def serve_run(
