@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
-from ._wsload import _TOPIC, Load, WsConn, _upgrade_request, emit, raise_fd_limit, rss_bytes
+from ._wsload import (
+    _TOPIC,
+    Load,
+    WsConn,
+    _upgrade_request,
+    raise_fd_limit,
+    rss_bytes,
+    serve_commands,
+)  # fmt: skip
 
 
 class FloodConn(WsConn):
@@ -145,19 +150,8 @@ def _tally(outcomes: list[str]) -> dict[str, int]:
 async def main() -> None:
     raise_fd_limit()
     f = Flood()
-    loop = asyncio.get_running_loop()
     handlers: dict[str, Callable[..., Any]] = {"start": f.start, "stop": f.stop}
-    emit({"ok": True, "pid": os.getpid()})
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            return
-        req = json.loads(line)
-        cmd = req.pop("cmd")
-        try:
-            emit({"ok": True, **(await handlers[cmd](**req))})
-        except Exception as e:
-            emit({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    await serve_commands(handlers)
 
 
 if __name__ == "__main__":

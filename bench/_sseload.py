@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import sys
 import time
@@ -35,6 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+
+from ._wsload import serve_commands
 
 CURSORS = {
     "id": re.compile(rb"^id: (\d+)$", re.MULTILINE),
@@ -169,29 +170,13 @@ class Driver:
             await self.http.close()
 
 
-def emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 async def main() -> None:
     d = Driver()
-    loop = asyncio.get_running_loop()
     handlers: dict[str, Callable[..., Any]] = {
         "replay": d.replay, "follow": d.follow, "unfollow": d.unfollow,
     }  # fmt: skip
-    emit({"ok": True})
     try:
-        while True:
-            line = await loop.run_in_executor(None, sys.stdin.readline)
-            if not line:
-                return
-            req = json.loads(line)
-            cmd = req.pop("cmd")
-            try:
-                emit({"ok": True, **(await handlers[cmd](**req))})
-            except Exception as e:
-                emit({"ok": False, "error": f"{type(e).__name__}: {e}"})
+        await serve_commands(handlers)
     finally:
         await d.close()
 

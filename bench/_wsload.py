@@ -493,14 +493,21 @@ def emit(obj: dict[str, Any]) -> None:
 async def main() -> None:
     raise_fd_limit()
     d = Driver()
-    loop = asyncio.get_running_loop()
     handlers: dict[str, Callable[..., Any]] = {
         "connect": d.connect, "subscribe": d.subscribe, "arm": d.arm, "record": d.record,
         "dump": d.dump, "close_all": d.close_all, "stats": d.stats, "ws_replay": d.ws_replay,
         "sse_replay": d.sse_replay, "page_replay": d.page_replay,
         "rss": lambda: {"rss": rss_bytes()},
     }  # fmt: skip
+    await serve_commands(handlers)
+
+
+async def serve_commands(handlers: dict[str, Callable[..., Any]]) -> None:
+    """The load process's side of bench/_procs.py: say ready, then answer one
+    JSON command a line on stdin (`{"cmd": name, **kwargs}`) with one JSON
+    line on stdout, until stdin closes or `quit`."""
     emit({"ok": True, "pid": os.getpid()})
+    loop = asyncio.get_running_loop()
     while True:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line:
