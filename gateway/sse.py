@@ -121,11 +121,11 @@ class SseClient(HttpStream):
         await self.hold(b": hb\n\n")
 
 
-def cursor_from(request: web.Request) -> int:
-    """The resume cursor: max of `Last-Event-ID` and `?after=` (0 if neither)."""
-    values = [request.headers.get("Last-Event-ID"), request.query.get("after")]
-    best = 0
-    for v in values:
+def request_cursors(request: web.Request) -> list[int]:
+    """The cursors a request names in `Last-Event-ID` and `?after=` (each
+    ASCII digits, else InvalidCursor); empty if it names none."""
+    found = []
+    for v in (request.headers.get("Last-Event-ID"), request.query.get("after")):
         if v is None or v == "":
             continue
         n = inputs.parse_count(v)
@@ -133,8 +133,13 @@ def cursor_from(request: web.Request) -> int:
             raise errors.InvalidCursor(
                 f"cursor {v[:40]!r} is not a non-negative integer in ASCII digits"
             )
-        best = max(best, n)
-    return best
+        found.append(n)
+    return found
+
+
+def cursor_from(request: web.Request) -> int:
+    """The resume cursor: max of `Last-Event-ID` and `?after=` (0 if neither)."""
+    return max(request_cursors(request), default=0)
 
 
 async def stream(

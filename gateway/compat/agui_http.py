@@ -33,7 +33,7 @@ from aiohttp import web
 
 from broker import errors
 
-from .. import auth, inputs, rest
+from .. import auth, inputs, rest, sse
 from ..context import GATEWAY, Gateway
 from .agui import AgUi
 from .base import Context
@@ -92,16 +92,7 @@ def _runlog(body: RunAgentInput) -> AgUiRunlogProps:
 
 def _cursor(request: web.Request, body: RunAgentInput) -> int | None:
     """The largest cursor the request names, or None if it names none."""
-    found = [c for c in (_runlog(body).after,) if c is not None]
-    for raw in (request.headers.get("Last-Event-ID"), request.query.get("after")):
-        if raw is None or raw == "":
-            continue
-        n = inputs.parse_count(raw)
-        if n is None:
-            raise errors.InvalidCursor(
-                f"cursor {raw[:40]!r} is not a non-negative integer in ASCII digits"
-            )
-        found.append(n)
+    found = [c for c in (_runlog(body).after,) if c is not None] + sse.request_cursors(request)
     return max(found) if found else None
 
 
