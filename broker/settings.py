@@ -232,6 +232,21 @@ class Settings:
     )
 
     # -- workers (see docs/workers.md)
+    agent: str = _opt(
+        "",
+        "The agent every run executes: a `module:attr` import path to an async callable taking "
+        "an AgentContext (docs/agents.md); empty: the built-in loop (model adapter + tools).",
+    )
+    agent_stop_grace_s: float = _opt(
+        5.0,
+        "After a stop cancels an agent's task, how long it may take to unwind before the run "
+        "is ended aborted anyway (s).",
+    )
+    agent_max_resumes: int = _opt(
+        3,
+        "Takeovers a run may have without completing a step in between (a run that kills its "
+        "worker each time); past it the run fails with worker_lost (resumes).",
+    )
     worker_id: str = _opt("", "This worker's name in run ownership; empty: <host>-<pid>-<random>.")
     worker_concurrency: int = _opt(
         32, "Most runs one worker executes at once (runs); `runlog worker --concurrency` wins."

@@ -138,7 +138,9 @@ class WorkerProcess:
         s = worker_settings(settings, **overrides)
         env = dict(os.environ)
         for f in dataclasses.fields(Settings):
-            if f.name.startswith(("worker_", "scripted_", "approval_", "drain_")) or f.name in (
+            if f.name.startswith(
+                ("worker_", "scripted_", "approval_", "drain_", "agent")
+            ) or f.name in (
                 "nats_url",
                 "database_url",
             ):
