@@ -59,7 +59,7 @@ def unretractable(tail: list[events.AnyEvent], *, approval_id: str = "") -> str 
         if approval_id and isinstance(ev, events.ApprovalRequired | events.ApprovalDecided):
             if ev.approval_id == approval_id:
                 continue
-        return f"{ev.type} at seq {ev.seq} after the last durable point"
+        return f"{ev.__struct_config__.tag} at seq {ev.seq} after the last durable point"
     return None
 
 
