@@ -88,9 +88,18 @@ def _clean_env(**env: str) -> dict[str, str]:
 class Up:
     """`python -m runlog.cli up --gateways N` on a data folder and ports of its own."""
 
-    def __init__(self, data_dir: Path, gateways: int = 2) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        gateways: int = 2,
+        *,
+        args: tuple[str, ...] = (),
+        cwd: Path | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.gateways = gateways
+        self.args = args
+        self.cwd = cwd
         self.gateway_port = _consecutive_free_ports(gateways)
         self.env = _clean_env(
             RUNLOG_DATA_DIR=str(data_dir),
@@ -118,8 +127,8 @@ class Up:
         self.lines.clear()
         self.errors.clear()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runlog.cli", "up", "--gateways", str(self.gateways),
-            env=self.env, stdin=asyncio.subprocess.DEVNULL,
+            sys.executable, "-m", "runlog.cli", "up", "--gateways", str(self.gateways), *self.args,
+            env=self.env, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -479,3 +488,44 @@ async def test_a_second_up_on_the_same_folder_reuses_its_secret(up: Up) -> None:
     async with aiohttp.ClientSession() as http:
         assert await _status(http, up.url(1), old_console) == 200  # survives the restart
         assert await _status(http, up.url(2), await up.console_token()) == 200
+
+
+_DOCS = Path(__file__).resolve().parent.parent / "docs" / "agents.md"
+
+
+@pytest.mark.timeout(300)
+async def test_runlog_up_runs_the_agent_of_the_docs_quickstart(data_dir: Path) -> None:
+    """docs/agents.md's first example, saved as myagent.py in a folder of its
+    own and started from there with `runlog up --agent myagent:agent`."""
+    example = re.search(r"```python\n(# myagent\.py\n.*?)```", _DOCS.read_text(), re.S)
+    assert example is not None
+    app = data_dir / "app"
+    app.mkdir()
+    (app / "myagent.py").write_text(example.group(1))
+    stack = Up(data_dir / "agent-stack", gateways=1, args=("--agent", "myagent:agent"), cwd=app)
+    try:
+        await stack.start()
+        got: list[dict[str, object]] = []
+        async with Client(stack.urls, stack.token("alice")) as c:
+            sid = await c.create_session("bring your own agent")
+            run_id = await c.start_run(sid, "old invoices")
+            async with asyncio.timeout(120):
+                async for item in c.follow(run_id=run_id):
+                    got.append(item.event)
+                    if item.event["type"] == "approval_required":
+                        await c.decide(run_id, str(item.event["approval_id"]), "approve", "fine")
+    finally:
+        print(stack.tail())
+        await stack.stop()
+    assert [e["type"] for e in got] == [
+        "run_start", "text_delta", "tool_call_start", "tool_args_delta", "tool_call_end",
+        "approval_required", "approval_decided", "tool_result", "text_delta", "run_end",
+    ]  # fmt: skip
+    assert "".join(str(e["delta"]) for e in got if e["type"] == "text_delta") == (
+        "Looking up 'old invoices'. Done."
+    )
+    assert [(e["status"], e["summary"]) for e in got if e["type"] == "tool_result"] == [
+        ("ok", "deleted 3 rows")
+    ]
+    assert got[-1]["status"] == "completed"
+    assert got[-1]["usage"] == {"input_tokens": 120, "output_tokens": 30, "reasoning_tokens": 0}
