@@ -209,7 +209,7 @@ async def test_a_tool_call_with_streamed_arguments_reasoning_steps_and_chunks(
         ("tool_args_delta", "1}"),
         ("tool_call_end",),
         ("status", "step_finished", "plan"),
-        ("tool_result", "skipped", ""),  # runlog's: the upstream never answered `fetch`
+        ("tool_result", "skipped", "not run: the run ended"),  # runlog: `fetch` got no result
     ]
     starts = of(evs, events.ToolCallStart)
     (res, skipped) = of(evs, events.ToolResult)
@@ -394,6 +394,90 @@ async def test_kill_9_while_waiting_for_approval_resumes_on_another_worker(
     assert of(evs, events.ToolResult)[0].tool_call_id == req.tool_call_id
     assert text_of(evs) == "I will send the report. the summary was sent"
     assert isinstance(evs[-1], events.RunEnd) and evs[-1].status == "completed"
+
+
+async def test_kill_9_mid_stream_posts_the_first_segment_again(
+    settings: Settings, client: Broker, tmp_path: Path, upstream_env: Callable[[str], None]
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.started()
+        if len(up.requests) == 1:
+            await ex.send(
+                TextMessageStartEvent(message_id="a1", role="assistant"),
+                TextMessageContentEvent(message_id="a1", delta="partial "),
+            )
+            await asyncio.Event().wait()  # the worker dies meanwhile
+        await ex.send(
+            TextMessageStartEvent(message_id="a1", role="assistant"),
+            TextMessageContentEvent(message_id="a1", delta="complete"),
+            TextMessageEndEvent(message_id="a1"),
+            finished(ex),
+        )
+
+    async with serving(script) as up:
+        doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+        doomed.env["RUNLOG_AGUI_URL"] = up.url
+        await doomed.start()
+        try:
+            _, run_id = await start(client, "hello")
+            cut = await wait_event(client, run_id, "text_delta")
+            assert isinstance(cut, events.TextDelta)
+        finally:
+            await doomed.kill()
+        upstream_env(up.url)
+        async with running_worker(settings, purge=False, agent=AGENT) as (_, w):
+            evs = await read_run(client, run_id)
+    assert w.metrics is not None
+    assert sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    assert len(up.requests) == 2 and up.disconnects == 1
+    assert up.requests[1].resume is None
+    (reset,) = of(evs, events.MessageReset)
+    assert reset.message_id == cut.message_id  # the cut text is retracted
+    first, again = of(evs, events.TextDelta)
+    assert (first.delta, again.delta) == ("partial ", "complete")
+    assert again.message_id != cut.message_id
+    assert isinstance(evs[-1], events.RunEnd) and evs[-1].status == "completed"
+
+
+async def test_kill_9_while_the_resume_streams_fails_the_run_step_interrupted(
+    settings: Settings, client: Broker, tmp_path: Path, upstream_env: Callable[[str], None]
+) -> None:
+    async def script(ex: Exchange) -> None:
+        await ex.started()
+        if not ex.input.resume:
+            await ex.send(
+                ToolCallStartEvent(tool_call_id="c1", tool_call_name="send_report"),
+                ToolCallEndEvent(tool_call_id="c1"),
+                finished(ex, outcome=RunFinishedInterruptOutcome(interrupts=[INTERRUPT])),
+            )
+            return
+        up.side_effects += 1
+        await ex.send(
+            TextMessageStartEvent(message_id="a2", role="assistant"),
+            TextMessageContentEvent(message_id="a2", delta="sending "),
+        )
+        await asyncio.Event().wait()  # the worker dies meanwhile
+
+    async with serving(script) as up:
+        doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+        doomed.env["RUNLOG_AGUI_URL"] = up.url
+        await doomed.start()
+        try:
+            _, run_id = await start(client, "send the report")
+            req = await wait_event(client, run_id, "approval_required")
+            assert isinstance(req, events.ApprovalRequired)
+            await client.decide(req.approval_id, "approve", "bob", "go")
+            await wait_event(client, run_id, "text_delta")
+        finally:
+            await doomed.kill()
+        upstream_env(up.url)
+        async with running_worker(settings, purge=False, agent=AGENT):
+            evs = await read_run(client, run_id)
+    # The upstream may already be doing what was approved: not asked twice.
+    assert len(up.requests) == 2 and up.side_effects == 1
+    err, end = evs[-2], evs[-1]
+    assert isinstance(err, events.RunError) and err.code == "step_interrupted", err
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
 
 
 # -- stop
