@@ -8,7 +8,7 @@ owner's epoch with the seq the log ended at:
 |---|---|
 | retryable step | one, `done`, after `fn` returned and its events were flushed |
 | step with `retryable=False` | `started` before `fn` runs, `done` after |
-| approval | `started` (its id, expiry) before `approval_required` is appended, `done` with the decision after `approval_decided` |
+| approval | `started` (its id, expiry) before the approval is created and `approval_required` appended, `done` with the decision after `approval_decided` |
 
 Replay (`prepare`, then the agent from the top): while the agent has not
 passed the last row, steps return their stored values, approvals their
@@ -224,20 +224,9 @@ class Journal:
             summary=summary,
             expires_at=ctx.now_ms() + int(timeout * 1000),
         )
-        await self._ours(
-            ctx.write(
-                lambda: approvals.create(
-                    ctx.store.pool,
-                    approval_id=row.approval_id,
-                    run_id=ctx.run.run_id,
-                    epoch=ctx.writer.epoch,
-                    tool_call_id=tool_call_id,
-                    summary=summary,
-                    expires_at_ms=row.expires_at,
-                ),
-                "approval create",
-            )
-        )
+        # The row first, then the approval: a takeover in between finds the
+        # row and creates the same approval (create is idempotent), so no
+        # approval is ever left behind that no run waits on.
         seq = await self._ours(ctx.writer.flush())
         await self._record(idx, "approval", "approval", False, msgspec.json.encode(row), seq)
         return await self._finish_approval(idx, row, logged=[])
@@ -245,9 +234,24 @@ class Journal:
     async def _finish_approval(
         self, idx: int, row: _ApprovalRow, *, logged: list[events.AnyEvent]
     ) -> Decision:
-        """From an approval's row on: request (unless `logged` has it), wait
-        (unless `logged` has the decision), record the decision."""
+        """From an approval's row on: create it (again, after a takeover: a
+        no-op if it exists), request it (unless `logged` has it), wait (unless
+        `logged` has the decision), record the decision."""
         ctx = self.ctx
+        await self._ours(
+            ctx.write(
+                lambda: approvals.create(
+                    ctx.store.pool,
+                    approval_id=row.approval_id,
+                    run_id=ctx.run.run_id,
+                    epoch=ctx.writer.epoch,
+                    tool_call_id=row.tool_call_id,
+                    summary=row.summary,
+                    expires_at_ms=row.expires_at,
+                ),
+                "approval create",
+            )
+        )
         self.open_approval = row.approval_id
         await self._status("waiting_approval")
         requested = any(

@@ -101,6 +101,8 @@ async def _race(ctx: RunContext, journal: Journal, coro: Awaitable[None]) -> Non
                 break
     finally:
         halt.cancel()
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: never "exception was never retrieved"
     if journal.fatal is not None:
         raise journal.fatal
     if task.cancelled():
