@@ -200,6 +200,35 @@ async def test_kill_9_while_waiting_for_approval_resumes_on_another_worker(
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
 
 
+async def test_kill_9_mid_stream_issues_the_model_call_again_and_retracts_its_text(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _input(do="await_file", dir=str(tmp_path)))
+        partial = await wait_event(client, run_id, "text_delta")
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, purge=False, agent=AGENT) as (_, w):
+        evs = await read_run(client, run_id)
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
+    assert _types(evs) == [
+        "RunStart", "TextDelta", "MessageReset", "Status", "TextDelta", "TextDelta", "RunEnd",
+    ]  # fmt: skip
+    assert isinstance(partial, events.TextDelta)
+    (reset,) = of(evs, events.MessageReset)
+    assert reset.message_id == partial.message_id  # the dead owner's partial answer
+    again = of(evs, events.TextDelta)[1:]
+    assert "".join(e.delta for e in again) == "Hello world"
+    assert partial.message_id not in {e.message_id for e in again}
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
 async def test_a_stop_closes_the_models_stream_and_aborts_the_run(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -217,14 +246,22 @@ async def test_a_stop_closes_the_models_stream_and_aborts_the_run(
 
 
 @pytest.mark.parametrize(
-    ("attr", "do", "code", "retryable"),
+    ("attr", "do", "code", "retryable", "usage"),
     [
-        ("agent", "think_only", "model_malformed", True),  # UnexpectedModelBehavior
-        ("limited", "lookup", "usage_limit", False),  # UsageLimitExceeded
+        # UnexpectedModelBehavior: two requests (the answer, then its retry), no text.
+        (
+            "agent",
+            "think_only",
+            "model_malformed",
+            True,
+            events.Usage(input_tokens=100, output_tokens=2),
+        ),
+        # UsageLimitExceeded: the second request would pass request_limit=1.
+        ("limited", "lookup", "usage_limit", False, events.Usage(input_tokens=50, output_tokens=6)),
     ],
 )
 async def test_a_framework_exception_becomes_a_coded_run_error(
-    settings: Settings, attr: str, do: str, code: str, retryable: bool
+    settings: Settings, attr: str, do: str, code: str, retryable: bool, usage: events.Usage
 ) -> None:
     async with running_worker(settings, agent=f"tests.agents.pa_agent:{attr}") as (b, _):
         _, run_id = await start(b, _input(do=do))
@@ -232,6 +269,7 @@ async def test_a_framework_exception_becomes_a_coded_run_error(
     err, end = evs[-2], evs[-1]
     assert isinstance(err, events.RunError) and (err.code, err.retryable) == (code, retryable)
     assert isinstance(end, events.RunEnd) and end.status == "failed"
+    assert end.usage == usage  # the requests made before the failure are counted
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ says what the model streams:
   then an answer quoting what the tool returned;
 - {"do": "send", "dir": d}: the same with `send_report`, which requires
   approval; its side effect appends to `d/sent`;
+- {"do": "await_file", "dir": d}: "Hello", then (once the file `d/go` exists:
+  a gate across processes) " world";
 - {"do": "hang", "dir": d}: "Working", then waits forever; how its stream was
   closed (the exception's name) goes to `d/closed`;
 - {"do": "think_only"}: a thought and never an answer (Pydantic AI gives up:
@@ -95,6 +97,11 @@ async def _stream(
             yield {0: DeltaThinkingPart(content="Let me think.")}
             yield "Hello"
             await gate(spec["gate"]).wait()
+            yield " world"
+        case "await_file":
+            yield "Hello"
+            while not (Path(spec["dir"]) / "go").exists():
+                await asyncio.sleep(0.05)
             yield " world"
         case "lookup":
             for d in _call("lookup", ['{"city": ', '"Paris"}']):

@@ -82,7 +82,7 @@ from pydantic_ai.messages import (
     ToolResultEvent,
     UserPromptPart,
 )
-from pydantic_ai.usage import UsageLimits
+from pydantic_ai.usage import RunUsage, UsageLimits
 
 from broker.events import RiskLevel, ToolStatus
 from workers.api import Agent, AgentContext, AgentError, ChatMessage, Decision
@@ -188,6 +188,7 @@ class _SegmentRun:
         # segment before resume here, on the cards they streamed into.
         self.cards: dict[str, str] = {p.call_id: p.card for p in pending}
         self.unended: set[str] = set()  # cards whose arguments may still stream
+        self.reported = (0, 0, 0)  # the usage reported so far
 
     async def run(
         self, history: msgspec.Raw | None, results: DeferredToolResults | None
@@ -210,12 +211,7 @@ class _SegmentRun:
             )
         except (AgentRunError, UserError, FallbackExceptionGroup) as e:
             raise coded(e) from e
-        u = result.usage
-        ctx.usage(
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            reasoning_tokens=u.output_reasoning_tokens,
-        )
+        self._usage(result.usage)
         out = msgspec.Raw(ModelMessagesTypeAdapter.dump_json(result.all_messages()))
         if not isinstance(result.output, DeferredToolRequests):
             return _Segment(messages=out)
@@ -236,6 +232,7 @@ class _SegmentRun:
         self, run_ctx: RunContext[Any], stream: AsyncIterable[AgentStreamEvent]
     ) -> None:
         ctx = self.ctx
+        self._usage(run_ctx.usage)  # what the requests before this node used
         message_id = ""
         by_index: dict[int, str] = {}  # this response's tool call parts -> cards
         dict_args: set[int] = set()  # parts whose arguments come as dicts, not JSON text
@@ -282,6 +279,16 @@ class _SegmentRun:
                     await self._result(part)
                 case _:
                     pass
+
+    def _usage(self, u: RunUsage) -> None:
+        """Report what the segment used since the last report: a request's
+        usage is counted once it is complete, so a run that fails or is
+        stopped later still reports the requests it made."""
+        now = (u.input_tokens, u.output_tokens, u.output_reasoning_tokens)
+        i, o, r = (a - b for a, b in zip(now, self.reported, strict=True))
+        self.reported = now
+        if i or o or r:
+            self.ctx.usage(input_tokens=i, output_tokens=o, reasoning_tokens=r)
 
     async def _start(self, run_ctx: RunContext[Any], tool_name: str) -> str:
         card = self.ctx.tool_call_id()
