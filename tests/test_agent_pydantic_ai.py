@@ -172,6 +172,20 @@ async def test_a_rejection_through_websocket_reaches_the_model(
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
 
 
+async def test_an_expired_approval_skips_the_call(settings: Settings, tmp_path: Path) -> None:
+    async with running_worker(settings, agent=AGENT, approval_timeout_s=0.5) as (b, _):
+        run_id, req = await _approval_run(b, tmp_path)
+        evs = await read_run(b, run_id)
+    _check_card(evs, req)
+    (dec,) = of(evs, events.ApprovalDecided)
+    assert dec.decision == "expired"
+    (result,) = of(evs, events.ToolResult)
+    assert (result.status, result.summary) == ("skipped", "approval expired")
+    assert text_of(evs) == "send_report: No decision was made in time; the call did not run."
+    assert not (tmp_path / "sent").exists()
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
 async def test_kill_9_while_waiting_for_approval_resumes_on_another_worker(
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:

@@ -221,7 +221,7 @@ class _SegmentRun:
                 "a tool deferred its call for external execution; runlog resumes only approvals",
             )
         pending = [
-            _Pending(call.tool_call_id, await self._card(call), _approval_summary(call))
+            _Pending(call.tool_call_id, await self._card(call, None), _approval_summary(call))
             for call in result.output.approvals
         ]
         return _Segment(messages=out, pending=pending)
@@ -264,7 +264,7 @@ class _SegmentRun:
                 case PartDeltaEvent(index=i, delta=ToolCallPartDelta(args_delta=args)):
                     if i in by_index and isinstance(args, str):
                         await ctx.tool_args(by_index[i], args)
-                    elif args:
+                    elif isinstance(args, dict):
                         dict_args.add(i)
                 case PartEndEvent(index=i, part=BaseToolCallPart() as part) if i in by_index:
                     # The call's id is final only now (a delta may have replaced it).
@@ -273,7 +273,7 @@ class _SegmentRun:
                         await ctx.tool_args(card, part.args_as_json_str())
                     await self._end(card)
                 case ToolCallEvent(part=part):
-                    card = await self._card(part)
+                    card = await self._card(part, run_ctx)
                     await self._end(card)
                 case ToolResultEvent(part=part):
                     await self._result(part)
@@ -290,26 +290,23 @@ class _SegmentRun:
         if i or o or r:
             self.ctx.usage(input_tokens=i, output_tokens=o, reasoning_tokens=r)
 
-    async def _start(self, run_ctx: RunContext[Any], tool_name: str) -> str:
+    async def _start(self, run_ctx: RunContext[Any] | None, tool_name: str) -> str:
         card = self.ctx.tool_call_id()
         risk = self.risk.get(tool_name)
         if risk is None:
-            tool = run_ctx.tools.get(tool_name)
+            tool = run_ctx.tools.get(tool_name) if run_ctx is not None else None
             risk = "high" if tool is not None and tool.kind == "unapproved" else "low"
         await self.ctx.tool_start(card, tool_name, risk=risk)
         self.unended.add(card)
         return card
 
-    async def _card(self, part: BaseToolCallPart[Any]) -> str:
+    async def _card(self, part: BaseToolCallPart[Any], run_ctx: RunContext[Any] | None) -> str:
         """The card of a call, opened (complete) if its parts were not streamed."""
         card = self.cards.get(part.tool_call_id)
         if card is None:
-            card = self.cards[part.tool_call_id] = self.ctx.tool_call_id()
-            await self.ctx.tool_start(
-                card, part.tool_name, risk=self.risk.get(part.tool_name, "low")
-            )
+            card = self.cards[part.tool_call_id] = await self._start(run_ctx, part.tool_name)
             await self.ctx.tool_args(card, part.args_as_json_str())
-            await self.ctx.tool_end(card)
+            await self._end(card)
         return card
 
     async def _end(self, card: str) -> None:
