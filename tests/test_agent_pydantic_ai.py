@@ -1,0 +1,306 @@
+"""The Pydantic AI adapter (workers/frameworks/pydantic_ai.py) with the real
+library: a Pydantic AI agent on its own `FunctionModel` (tests/agents/pa_agent.py)
+run by runlog workers, in-process and as `runlog worker` processes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from pydantic_ai.exceptions import (
+    ModelHTTPError,
+    ModelRateLimitError,
+    RunTimedOut,
+    UnexpectedModelBehavior,
+    UsageLimitExceeded,
+    UserError,
+)
+
+from broker import events, ids
+from broker.runtime import Broker
+from broker.settings import Settings
+from workers.frameworks.pydantic_ai import coded
+
+from .agents import pa_agent
+from .gw import running_gateway, ws_connect
+from .helpers import sample
+from .workerkit import (
+    WorkerProcess,
+    of,
+    purge_jobs,
+    read_run,
+    running_worker,
+    start,
+    stored,
+    text_of,
+    wait_event,
+)
+
+AGENT = "tests.agents.pa_agent:agent"
+_DOOMED = {"worker_lease_s": 2.0}
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(settings: Settings) -> AsyncIterator[Broker]:
+    """A broker with no worker: starts runs, decides, reads."""
+    b = await Broker.connect(settings, name="test-client")
+    await purge_jobs(b)
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+def _input(**kw: object) -> str:
+    return json.dumps(kw)
+
+
+def _types(evs: list[events.AnyEvent]) -> list[str]:
+    return [type(e).__name__ for e in evs]
+
+
+async def test_tokens_reach_a_subscriber_while_the_model_streams(settings: Settings) -> None:
+    g = ids.new_id("g")
+    async with running_worker(settings, agent=AGENT) as (b, _):
+        _, run_id = await start(b, _input(do="answer", gate=g))
+        first = await wait_event(b, run_id, "text_delta")
+        # The model is still waiting for the gate: what the subscriber got was streamed.
+        assert isinstance(first, events.TextDelta) and first.delta == "Hello"
+        assert text_of(await stored(b, run_id)) == "Hello"
+        pa_agent.gate(g).set()
+        evs = await read_run(b, run_id)
+    assert _types(evs) == ["RunStart", "ReasoningDelta", "TextDelta", "TextDelta", "RunEnd"]
+    (thought,) = of(evs, events.ReasoningDelta)
+    assert thought.delta == "Let me think."
+    assert text_of(evs) == "Hello world"
+    assert {e.message_id for e in of(evs, events.TextDelta)} == {thought.message_id}
+    end = evs[-1]
+    assert isinstance(end, events.RunEnd) and end.status == "completed"
+    # FunctionModel's own estimate of the request and the streamed answer.
+    assert end.usage == events.Usage(input_tokens=50, output_tokens=6)
+
+
+async def test_a_tool_call_streams_its_arguments_then_its_result(settings: Settings) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _):
+        _, run_id = await start(b, _input(do="lookup"))
+        evs = await read_run(b, run_id)
+    assert _types(evs) == [
+        "RunStart", "ToolCallStart", "ToolArgsDelta", "ToolArgsDelta", "ToolCallEnd",
+        "ToolResult", "TextDelta", "RunEnd",
+    ]  # fmt: skip
+    (card,) = of(evs, events.ToolCallStart)
+    assert (card.tool_name, card.risk_level) == ("lookup", "low")
+    assert [d.partial_json for d in of(evs, events.ToolArgsDelta)] == ['{"city": ', '"Paris"}']
+    (result,) = of(evs, events.ToolResult)
+    assert (result.status, result.output) == ("ok", None)  # raw output: tool_raw_output is off
+    ids_ = {e.tool_call_id for e in evs if hasattr(e, "tool_call_id")}
+    assert ids_ == {card.tool_call_id}
+    assert text_of(evs) == "lookup: sunny in Paris"  # the model got the tool's return
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_the_sessions_earlier_runs_are_the_message_history(settings: Settings) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _):
+        session_id, first = await start(b, _input(do="lookup"))
+        await read_run(b, first)
+        second = await b.start_run(session_id, "alice", input=_input(do="history"))
+        evs = await read_run(b, second)
+    assert text_of(evs) == 'user: {"do": "lookup"}\nmodel: lookup: sunny in Paris\n'
+
+
+async def _approval_run(b: Broker, d: Path) -> tuple[str, events.ApprovalRequired]:
+    _, run_id = await start(b, _input(do="send", dir=str(d)))
+    req = await wait_event(b, run_id, "approval_required")
+    assert isinstance(req, events.ApprovalRequired)
+    return run_id, req
+
+
+def _check_card(evs: list[events.AnyEvent], req: events.ApprovalRequired) -> None:
+    (card,) = of(evs, events.ToolCallStart)  # opened once, never again on the resume
+    assert (card.tool_name, card.risk_level) == ("send_report", "high")
+    assert req.tool_call_id == card.tool_call_id
+    assert req.summary == 'send_report wants to run with {"to":"bob"}'
+    assert len(of(evs, events.ToolCallEnd)) == 1
+
+
+async def test_an_approval_through_rest_runs_the_tool(
+    settings: Settings, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _), running_gateway(settings) as gw:
+        run_id, req = await _approval_run(b, tmp_path)
+        assert not (tmp_path / "sent").exists()
+        async with http.post(
+            f"{gw.url}/v1/runs/{run_id}/approvals/{req.approval_id}",
+            json={"decision": "approve", "comment": "go"},
+            headers=gw.headers("bob"),
+        ) as r:
+            assert r.status == 201, await r.text()
+        evs = await read_run(b, run_id)
+    _check_card(evs, req)
+    (dec,) = of(evs, events.ApprovalDecided)
+    assert (dec.decision, dec.decided_by, dec.comment) == ("approve", "bob", "go")
+    (result,) = of(evs, events.ToolResult)
+    assert (result.tool_call_id, result.status) == (req.tool_call_id, "ok")
+    assert text_of(evs) == "send_report: sent to bob"
+    assert (tmp_path / "sent").read_text() == "x"
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_a_rejection_through_websocket_reaches_the_model(
+    settings: Settings, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _), running_gateway(settings) as gw:
+        run_id, req = await _approval_run(b, tmp_path)
+        async with ws_connect(http, gw, "bob") as ws:
+            await ws.send(type="decide", ref="d1", approval_id=req.approval_id,
+                          decision="reject", comment="not now")  # fmt: skip
+            reply = await ws.next_reply()
+            assert reply["type"] == "ack" and reply["result"]["created"] is True, reply
+        evs = await read_run(b, run_id)
+    _check_card(evs, req)
+    (result,) = of(evs, events.ToolResult)
+    assert (result.tool_call_id, result.status, result.summary) == (
+        req.tool_call_id, "denied", "denied by bob",
+    )  # fmt: skip
+    # Pydantic AI gave the model the denial (ToolDenied), and the tool never ran.
+    assert text_of(evs) == "send_report: The call was denied by bob: not now."
+    assert not (tmp_path / "sent").exists()
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_an_expired_approval_skips_the_call(settings: Settings, tmp_path: Path) -> None:
+    async with running_worker(settings, agent=AGENT, approval_timeout_s=0.5) as (b, _):
+        run_id, req = await _approval_run(b, tmp_path)
+        evs = await read_run(b, run_id)
+    _check_card(evs, req)
+    (dec,) = of(evs, events.ApprovalDecided)
+    assert dec.decision == "expired"
+    (result,) = of(evs, events.ToolResult)
+    assert (result.status, result.summary) == ("skipped", "approval expired")
+    assert text_of(evs) == "send_report: No decision was made in time; the call did not run."
+    assert not (tmp_path / "sent").exists()
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_kill_9_while_waiting_for_approval_resumes_on_another_worker(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        run_id, req = await _approval_run(client, tmp_path)
+    finally:
+        await doomed.kill()
+    # Decided while no worker owns the run: stored, and sent to nobody.
+    await client.decide(req.approval_id, "approve", "bob", "ok")
+    async with running_worker(settings, purge=False, agent=AGENT) as (_, w):
+        evs = await read_run(client, run_id)
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    _check_card(evs, req)
+    (dec,) = of(evs, events.ApprovalDecided)
+    assert (dec.approval_id, dec.decision, dec.decided_by) == (req.approval_id, "approve", "bob")
+    (result,) = of(evs, events.ToolResult)
+    assert (result.tool_call_id, result.status) == (req.tool_call_id, "ok")
+    assert text_of(evs) == "send_report: sent to bob"
+    assert (tmp_path / "sent").read_text() == "x"  # the approved side effect, once
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_kill_9_mid_stream_issues_the_model_call_again_and_retracts_its_text(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _input(do="await_file", dir=str(tmp_path)))
+        partial = await wait_event(client, run_id, "text_delta")
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, purge=False, agent=AGENT) as (_, w):
+        evs = await read_run(client, run_id)
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
+    assert _types(evs) == [
+        "RunStart", "TextDelta", "MessageReset", "Status", "TextDelta", "TextDelta", "RunEnd",
+    ]  # fmt: skip
+    assert isinstance(partial, events.TextDelta)
+    (reset,) = of(evs, events.MessageReset)
+    assert reset.message_id == partial.message_id  # the dead owner's partial answer
+    again = of(evs, events.TextDelta)[1:]
+    assert "".join(e.delta for e in again) == "Hello world"
+    assert partial.message_id not in {e.message_id for e in again}
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_a_stop_closes_the_models_stream_and_aborts_the_run(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _):
+        _, run_id = await start(b, _input(do="hang", dir=str(tmp_path)))
+        await wait_event(b, run_id, "text_delta")
+        assert await b.interrupt(run_id, "bob", "enough") is True
+        evs = await read_run(b, run_id, timeout_s=30)
+    assert _types(evs) == ["RunStart", "TextDelta", "InterruptRequested", "RunEnd"]
+    end = evs[-1]
+    assert isinstance(end, events.RunEnd) and end.status == "aborted"
+    assert text_of(evs) == "Working"  # what streamed before the stop is kept
+    # The cancellation reached the model's stream at the await it was blocked on.
+    assert (tmp_path / "closed").read_text() == "CancelledError"
+
+
+@pytest.mark.parametrize(
+    ("attr", "do", "code", "retryable", "usage"),
+    [
+        # UnexpectedModelBehavior: two requests (the answer, then its retry), no text.
+        (
+            "agent",
+            "think_only",
+            "model_malformed",
+            True,
+            events.Usage(input_tokens=100, output_tokens=2),
+        ),
+        # UsageLimitExceeded: the second request would pass request_limit=1.
+        ("limited", "lookup", "usage_limit", False, events.Usage(input_tokens=50, output_tokens=6)),
+    ],
+)
+async def test_a_framework_exception_becomes_a_coded_run_error(
+    settings: Settings, attr: str, do: str, code: str, retryable: bool, usage: events.Usage
+) -> None:
+    async with running_worker(settings, agent=f"tests.agents.pa_agent:{attr}") as (b, _):
+        _, run_id = await start(b, _input(do=do))
+        evs = await read_run(b, run_id)
+    err, end = evs[-2], evs[-1]
+    assert isinstance(err, events.RunError) and (err.code, err.retryable) == (code, retryable)
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+    assert end.usage == usage  # the requests made before the failure are counted
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "retryable"),
+    [
+        (ModelHTTPError(429, "m"), "model_rate_limited", True),
+        (ModelHTTPError(503, "m"), "model_unavailable", True),
+        (ModelHTTPError(401, "m"), "model_auth", False),
+        (ModelHTTPError(422, "m"), "model_bad_request", False),
+        (ModelRateLimitError("m", "slow down"), "model_rate_limited", True),
+        (UnexpectedModelBehavior("bad", body="secret body"), "model_malformed", True),
+        (UsageLimitExceeded("too much"), "usage_limit", False),
+        (RunTimedOut("late"), "run_timeout", False),
+        (UserError("no DeferredToolRequests"), "agent_misconfigured", False),
+    ],
+)
+def test_pydantic_ai_errors_map_to_codes(exc: BaseException, code: str, retryable: bool) -> None:
+    e = coded(exc)
+    assert (e.code, e.retryable) == (code, retryable)
+    assert e.message == type(exc).__name__  # never the provider's text
