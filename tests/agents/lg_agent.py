@@ -12,6 +12,7 @@ object, e.g. {"say": "Hello there", "tool": "delete", "dir": "/tmp/x"}:
   `interrupt()`, then deletes: appends to `dir`/deleted, which the tests count);
 - `gate`: after the first chunk, wait for `GATES[gate]` (in-process tests);
   the model notes in `SEEN[gate]` that its stream was cancelled or closed;
+- `count`: the first reply ends with how many messages the model was given;
 - `fail`: the model raises.
 After a tool result the model answers "Done: <result>."
 """
@@ -67,7 +68,7 @@ class ScriptedChat(BaseChatModel):
         spec = _spec(messages)
         name = spec.get("gate", "")
         try:
-            for i, chunk in enumerate(_reply(spec, messages[-1])):
+            for i, chunk in enumerate(_reply(spec, messages)):
                 if i and spec.get("delay_s"):
                     await asyncio.sleep(spec["delay_s"])
                 yield ChatGenerationChunk(message=chunk)
@@ -78,7 +79,8 @@ class ScriptedChat(BaseChatModel):
             raise
 
 
-def _reply(spec: dict[str, Any], last: BaseMessage) -> list[AIMessageChunk]:
+def _reply(spec: dict[str, Any], messages: list[BaseMessage]) -> list[AIMessageChunk]:
+    last = messages[-1]
     if spec.get("fail"):
         raise RuntimeError("the model broke")
     if isinstance(last, ToolMessage):
@@ -86,6 +88,8 @@ def _reply(spec: dict[str, Any], last: BaseMessage) -> list[AIMessageChunk]:
         tool_chunks: list[tuple[str, str]] = []
     else:
         words = str(spec.get("say", "Hello")).split(" ")
+        if spec.get("count"):  # how many messages the model was given
+            words.append(f"[{len(messages)}]")
         tool_chunks = {
             "lookup": [('{"q": ', "lookup"), ('"otters"}', "")],
             "delete": [('{"ids": ', "delete_rows"), ("[1, 2]}", "")],
