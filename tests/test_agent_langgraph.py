@@ -158,6 +158,21 @@ async def test_a_tool_call_streams_its_arguments_then_its_result(
     assert evs[-1].usage == events.Usage(input_tokens=10, output_tokens=9)  # type: ignore[union-attr]
 
 
+async def test_the_sessions_earlier_runs_are_the_graphs_history(
+    settings: Settings, tmp_path: Path
+) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _):
+        session_id, first = await start(b, _spec(tmp_path, say="One."))
+        await read_run(b, first)
+        second = await b.start_run(
+            session_id, "alice", input=_spec(tmp_path, say="Two", count=True)
+        )
+        evs = await read_run(b, second)
+    # The earlier run's input and answer, then this run's input.
+    assert text_of(evs) == "Two [3]"
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
 # -- approvals
 
 

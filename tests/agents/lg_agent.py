@@ -4,7 +4,8 @@ subprocesses: `RUNLOG_AGENT=tests.agents.lg_agent:agent`).
 
 A ReAct-shaped graph: `llm` (a langchain-core chat model that streams what the
 run's input asks for) → `tools` (a ToolNode) → `llm` ... The input is a JSON
-object, e.g. {"say": "Hello there", "tool": "delete", "dir": "/tmp/x"}:
+object (the last human message: earlier ones are the session's earlier
+runs), e.g. {"say": "Hello there", "tool": "delete", "dir": "/tmp/x"}:
 
 - `say`: the first reply's words, one chunk each (`delay_s` apart);
 - `tool`: "lookup" (arguments streamed in two chunks, progress written
@@ -47,8 +48,9 @@ def gate(name: str) -> asyncio.Event:
 
 
 def _spec(messages: list[BaseMessage]) -> dict[str, Any]:
-    first = next(m for m in messages if isinstance(m, HumanMessage))
-    spec: dict[str, Any] = json.loads(first.text)
+    """This run's input: the last human message (earlier ones are the session's)."""
+    last = next(m for m in reversed(messages) if isinstance(m, HumanMessage))
+    spec: dict[str, Any] = json.loads(last.text)
     return spec
 
 
@@ -147,4 +149,4 @@ def build_graph() -> StateGraph[Any]:
     return b
 
 
-agent = langgraph_agent(build_graph(), risk={"delete_rows": "high"}, history=False)
+agent = langgraph_agent(build_graph(), risk={"delete_rows": "high"})
