@@ -264,9 +264,10 @@ async def test_kill_9_mid_stream_reissues_the_model_call_elsewhere(
 ) -> None:
     words = " ".join(f"w{i}" for i in range(30))
     doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    doomed.env[lg_agent.HANG_AFTER] = "5"  # streams 5 words, then waits to be killed
     await doomed.start()
     try:
-        _, run_id = await start(client, _spec(tmp_path, say=words, delay_s=0.1, count=True))
+        _, run_id = await start(client, _spec(tmp_path, say=words, count=True))
         await wait_event(client, run_id, "text_delta", count=5)
     finally:
         await doomed.kill()
@@ -275,8 +276,11 @@ async def test_kill_9_mid_stream_reissues_the_model_call_elsewhere(
     assert w.metrics is not None
     assert sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
     (reset,) = of(evs, events.MessageReset)
+    dead = [e.delta for e in of(evs, events.TextDelta) if e.message_id == reset.message_id]
+    assert dead == ["w0", " w1", " w2", " w3", " w4"]  # what the dead worker streamed
     kept = {e.message_id for e in of(evs, events.TextDelta)} - {reset.message_id}
     assert len(kept) == 1
+    assert [s.code for s in of(evs, events.Status)] == ["resumed", "node"]
     # The model call, issued again from the checkpoint (not with the input sent twice).
     assert _kept_text(evs) == words + " [1]"
     assert evs[-1].status == "completed"  # type: ignore[union-attr]

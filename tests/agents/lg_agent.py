@@ -7,7 +7,8 @@ run's input asks for) → `tools` (a ToolNode) → `llm` ... The input is a JSON
 object (the last human message: earlier ones are the session's earlier
 runs), e.g. {"say": "Hello there", "tool": "delete", "dir": "/tmp/x"}:
 
-- `say`: the first reply's words, one chunk each (`delay_s` apart);
+- `say`: the first reply's words, one chunk each (in a process with
+  LG_AGENT_HANG_AFTER=n in its environment, the model hangs after n chunks);
 - `tool`: "lookup" (arguments streamed in two chunks, progress written
   through the stream writer) or "delete" (asks for approval with
   `interrupt()`, then deletes: appends to `dir`/deleted, which the tests count);
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +41,7 @@ from langgraph.types import interrupt
 
 from workers.frameworks.langgraph import langgraph_agent
 
+HANG_AFTER = "LG_AGENT_HANG_AFTER"  # env: the model stops after that many chunks, for good
 GATES: dict[str, asyncio.Event] = {}
 SEEN: dict[str, list[str]] = {}
 
@@ -69,10 +72,11 @@ class ScriptedChat(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         spec = _spec(messages)
         name = spec.get("gate", "")
+        hang_after = int(os.environ.get(HANG_AFTER, "0"))
         try:
             for i, chunk in enumerate(_reply(spec, messages)):
-                if i and spec.get("delay_s"):
-                    await asyncio.sleep(spec["delay_s"])
+                if hang_after and i == hang_after:
+                    await asyncio.Event().wait()  # a worker that is about to be killed
                 yield ChatGenerationChunk(message=chunk)
                 if i == 0 and name:
                     await gate(name).wait()
