@@ -26,6 +26,8 @@ Contract (public and stable; additions only):
   model call: it is what closes the provider's connection.
 - Failure: `AgentError(code)` → run_error with that code; any other
   exception → run_error `agent_error` (the traceback goes to the worker log).
+- Lifetime: an agent object with an `aclose()` coroutine method (a pool, a
+  client) has it awaited once when its worker closes.
 """
 
 from __future__ import annotations

@@ -194,6 +194,13 @@ class Worker:
                 pass
         if self._adapter is not None:
             await close_adapter(self._adapter)
+        # An agent holding resources (a pool, a client) lets go of them here.
+        aclose = getattr(self._agent, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except Exception:
+                log.exception("the agent's aclose() failed")
 
     # -- intake
 
