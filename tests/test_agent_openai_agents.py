@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from broker.settings import Settings
 from .agents import oa_agent
 from .agents.oa_agent import counted
 from .gw import running_gateway, ws_connect
+from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
@@ -31,6 +32,7 @@ from .workerkit import (
     start,
     text_of,
     wait_event,
+    wait_until,
 )
 
 AGENT = "tests.agents.oa_agent:agent"
@@ -58,6 +60,13 @@ def _tag() -> str:
 def _delete_args(d: Path) -> list[str]:
     """delete_rows' arguments, streamed in three pieces."""
     return ['{"dir": ', json.dumps(str(d)), ', "n": 2}']
+
+
+def _async(pred: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return pred()
+
+    return check
 
 
 def _card_events(evs: list[events.AnyEvent]) -> list[events.AnyEvent]:
@@ -199,8 +208,10 @@ async def test_kill_9_while_waiting_for_the_approval_resumes_on_another_worker(
         await doomed.kill()
     # Decided while no worker owns the run: stored, and sent to nobody.
     await client.decide(req.approval_id, "approve", "bob", "ok")
-    async with running_worker(settings, purge=False, agent=AGENT):
+    async with running_worker(settings, purge=False, agent=AGENT) as (_, w):
         evs = await read_run(client, run_id)
+    assert w.metrics is not None
+    assert sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
     _the_card(evs, req)
     # The new owner restored the SDK's RunState from the stored segment and
     # applied the stored decision: no second approval, the tool ran once.
@@ -211,6 +222,53 @@ async def test_kill_9_while_waiting_for_the_approval_resumes_on_another_worker(
     ]
     assert counted(tmp_path, "delete") == 1
     assert text_of(evs) == "done: deleted 2 rows"
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_kill_9_while_the_approved_tool_runs_fails_the_run_rather_than_run_it_twice(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    args = ['{"dir": ', json.dumps(str(tmp_path)), ', "n": 2, "hold_s": 600}']
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _spec(tool="delete_rows", args=args))
+        req = await wait_event(client, run_id, "approval_required")
+        assert isinstance(req, events.ApprovalRequired)
+        await client.decide(req.approval_id, "approve", "bob", "ok")
+        await wait_until(_async(lambda: counted(tmp_path, "started") == 1))
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        evs = await read_run(client, run_id)
+    err, end = evs[-2:]
+    assert isinstance(err, events.RunError) and (err.code, err.retryable) == (
+        "step_interrupted",
+        False,
+    )
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+    assert (counted(tmp_path, "started"), counted(tmp_path, "delete")) == (1, 0)
+
+
+async def test_kill_9_mid_stream_resumes_the_segment_on_another_worker(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _spec(stall_once=str(tmp_path), words=["Hel", "lo"]))
+        await wait_event(client, run_id, "text_delta")
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, agent=AGENT) as (_, w):
+        evs = await read_run(client, run_id)
+    assert w.metrics is not None
+    assert sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    # The dead worker's partial message is retracted; the segment ran again.
+    (dead, live) = dict.fromkeys(e.message_id for e in of(evs, events.TextDelta))
+    assert [e.message_id for e in of(evs, events.MessageReset)] == [dead]
+    assert [e.delta for e in of(evs, events.TextDelta) if e.message_id == dead] == ["thinking"]
+    assert [e.delta for e in of(evs, events.TextDelta) if e.message_id == live] == ["Hel", "lo"]
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
 
 
@@ -233,7 +291,7 @@ async def test_sdk_failures_become_coded_run_errors(settings: Settings) -> None:
     cases = {
         "loop": (_spec(loop=True), "max_turns_exceeded", False, "Max turns (3) exceeded"),
         "429": (_spec(error="rate_limit"), "model_error", True, "the model provider answered 429"),
-        "bug": (_spec(error="boom"), "agent_error", False, "RuntimeError"),
+        "bug": (_spec(error="boom"), "agent_error", False, "the agent raised RuntimeError"),
     }
     async with running_worker(settings, agent=AGENT) as (b, _):
         runs = {k: (await start(b, spec))[1] for k, (spec, *_) in cases.items()}

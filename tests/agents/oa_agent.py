@@ -11,6 +11,8 @@ run's input asks for, a JSON object:
       "done: <the tool's output>";
   {"echo": true}  answers with its input, as JSON [role, content] pairs;
   {"stall": "tag"}  one word, then waits forever (records how its stream ended);
+  {"stall_once": dir, "words": [...]}  the first call (of any process) stalls, later
+      ones stream the words;
   {"error": "rate_limit" | "boom"}, {"loop": true}  fails / calls lookup forever.
 Side effects are counted in files under the spec's "dir" (across processes);
 in-process tests also see `SEEN` (what the model noticed, by tag).
@@ -84,8 +86,10 @@ async def lookup(q: str) -> str:
 
 
 @function_tool(needs_approval=True)
-async def delete_rows(dir: str, n: int) -> str:
-    """Delete n rows (the test counts it in dir)."""
+async def delete_rows(dir: str, n: int, hold_s: float = 0.0) -> str:
+    """Delete n rows (the test counts it in dir), taking hold_s to do it."""
+    count(dir, "started")
+    await asyncio.sleep(hold_s)
     count(dir, "delete")
     return f"deleted {n} rows"
 
@@ -197,6 +201,11 @@ class ScriptModel(Model):
             raise _error(spec["error"])
         if "stall" in spec:
             async for e in _stall(spec["stall"]):
+                yield e
+            return
+        if "stall_once" in spec and not counted(Path(spec["stall_once"]), "stalled"):
+            count(spec["stall_once"], "stalled")
+            async for e in _stall("once"):
                 yield e
             return
         if spec.get("loop") or ("tool" in spec and not outputs):
