@@ -121,6 +121,14 @@ async def test_a_tool_call_streams_its_arguments_then_its_result(settings: Setti
     assert end.usage == events.Usage(input_tokens=16, output_tokens=4)
 
 
+async def test_the_sdk_context_is_made_per_run_by_the_factory(settings: Settings) -> None:
+    async with running_worker(settings, agent=AGENT) as (b, _):
+        _, run_id = await start(b, _spec(tool="whoami", args=["{}"]), user="dave")
+        evs = await read_run(b, run_id)
+    assert [(r.status, r.summary) for r in of(evs, events.ToolResult)] == [("ok", "dave")]
+    assert text_of(evs) == "done: dave"
+
+
 async def test_the_sessions_conversation_is_the_sdk_runs_input(settings: Settings) -> None:
     async with running_worker(settings, agent=AGENT) as (b, _):
         session_id, first = await start(b, _spec(words=["Hel", "lo"]))

@@ -6,7 +6,7 @@ Its model (`ScriptModel`, the SDK's `Model` interface, offline) plays what the
 run's input asks for, a JSON object:
   {"words": ["Hel", "lo"], "gate": "g1", "reasoning": "hmm"}  text (waits on
       GATES["g1"] after the first word), reasoning first;
-  {"tool": "lookup" | "delete_rows", "args": ["{\\"q\\"", ...]}  one function call,
+  {"tool": "lookup" | "whoami" | "delete_rows", "args": ["{\\"q\\"", ...]}  one function call,
       its arguments streamed in those pieces; the next call answers
       "done: <the tool's output>";
   {"echo": true}  answers with its input, as JSON [role, content] pairs;
@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx2
 import openai
-from agents import Agent, function_tool, set_tracing_disabled
+from agents import Agent, RunContextWrapper, function_tool, set_tracing_disabled
 from agents.agent_output import AgentOutputSchemaBase
 from agents.handoffs import Handoff
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
@@ -83,6 +83,12 @@ def counted(directory: Path, name: str) -> int:
 async def lookup(q: str) -> str:
     """Look q up."""
     return f"found {q}"
+
+
+@function_tool
+async def whoami(wrapper: RunContextWrapper[dict[str, str]]) -> str:
+    """Who started the run (from the SDK context the adapter's factory made)."""
+    return wrapper.context["user"]
 
 
 @function_tool(needs_approval=True)
@@ -302,6 +308,7 @@ def _error(kind: str) -> Exception:
 
 MODEL = ScriptModel()
 agent = openai_agents_agent(
-    Agent(name="helper", instructions="Help.", model=MODEL, tools=[lookup, delete_rows]),
+    Agent(name="helper", instructions="Help.", model=MODEL, tools=[lookup, whoami, delete_rows]),
     max_turns=3,
+    context=lambda ctx: {"user": ctx.started_by},
 )

@@ -36,7 +36,7 @@ module waits for that task to settle before unwinding.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, cast
 
 import msgspec
@@ -102,18 +102,21 @@ def openai_agents_agent(
     *,
     max_turns: int = 10,
     run_config: RunConfig | None = None,
-    context: Any = None,
+    context: Callable[[AgentContext], Any] | None = None,
     risk: Mapping[str, RiskLevel] | None = None,
 ) -> Agent:
     """A runlog agent running `agent` with `Runner.run_streamed`.
 
-    `max_turns`: the SDK's bound on model calls per segment (exceeding it fails
-    the run `max_turns_exceeded`). `run_config`: passed to every segment; if
-    given, its model provider is yours to close (without one, each run gets a
-    `MultiProvider` closed when the run ends). `context`: the SDK run context
-    your tools see; a mapping is stored with the `RunState`, anything else is
-    passed again on a resume. `risk`: tool name → risk level of its card;
-    tools not named are `high` if they have `needs_approval`, else `low`.
+    `max_turns`: the SDK's bound on the run's turns (the `RunState` keeps
+    counting across approvals; exceeding it fails the run `max_turns_exceeded`).
+    `run_config`: passed to every segment; if given, its model provider is
+    yours to close (without one, each run gets a `MultiProvider`, closed when
+    the run ends). `context`: called once per execution of a run, returns the
+    SDK run context its tools see (`RunContextWrapper.context`); a mapping is
+    stored with the `RunState` (a resume on another worker gets the stored
+    copy), anything else is not stored: the resuming execution's own is used.
+    `risk`: tool name → risk level of its card; tools not named are `high` if
+    they have `needs_approval`, else `low`.
     """
     risks = dict(risk or {})
 
@@ -122,7 +125,8 @@ def openai_agents_agent(
         config = RunConfig(model_provider=provider) if provider is not None else run_config
         assert config is not None
         try:
-            await _Run(ctx, agent, config, max_turns, context, risks).run()
+            sdk_context = context(ctx) if context is not None else None
+            await _Run(ctx, agent, config, max_turns, sdk_context, risks).run()
         finally:
             if provider is not None:
                 await provider.aclose()
@@ -182,12 +186,11 @@ class _Run:
         return await self.ctx.step(f"segment-{i}", resume, type=_Segment)
 
     async def _restore(self, state_json: dict[str, Any]) -> RunState[Any, SdkAgent[Any]]:
+        # A mapping context comes back from the state; anything else was
+        # stored empty (_unstored) and is this execution's own.
+        own = None if isinstance(self.context, Mapping) else self.context
         try:
-            return await RunState.from_json(
-                self.agent,
-                state_json,
-                context_override=None if self.context is None else self.context,
-            )
+            return await RunState.from_json(self.agent, state_json, context_override=own)
         except (AgentsException, ValueError, TypeError) as e:
             # The agent's definition changed under a stored run (a tool or
             # agent renamed): the state cannot be resumed.
@@ -204,7 +207,7 @@ class _Run:
         result = Runner.run_streamed(
             self.agent,
             start,
-            context=self.context,
+            context=None if isinstance(start, RunState) else self.context,  # a state has its own
             max_turns=self.max_turns,
             run_config=self.config,
         )
@@ -357,7 +360,8 @@ class _Mapper:
             pending.append(_Pending(call_id, tc, item.name or "tool", item.arguments or ""))
         if not pending and (over or result.final_output is not None):
             return _Segment()  # over: nothing to resume from
-        return _Segment(state=result.to_state().to_json(), pending=pending, cards=self.cards)
+        state = result.to_state().to_json(context_serializer=_unstored)
+        return _Segment(state=state, pending=pending, cards=self.cards)
 
 
 def _apply(
@@ -421,6 +425,12 @@ def _coded(e: Exception) -> Exception:
         case AgentsException():
             return AgentError("agents_sdk_error", type(e).__name__)
     return e  # not the SDK's: runlog reports agent_error, the traceback in the log
+
+
+def _unstored(context: Any) -> dict[str, Any]:
+    """What a RunState stores of a context that is not a mapping (mappings are
+    stored as they are): nothing, the resuming execution passes its own."""
+    return {}
 
 
 def _call_id(raw: Any) -> str:
