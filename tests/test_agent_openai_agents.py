@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest_asyncio
 
-from broker import events
+from broker import events, steps
 from broker.runtime import Broker
 from broker.settings import Settings
 
@@ -172,6 +172,7 @@ async def test_an_approval_decided_over_rest_resumes_the_sdk_run(
         ) as r:
             assert r.status == 201, await r.text()
         evs = await read_run(b, run_id)
+        recs = await steps.load(b.store.pool, run_id)
     _the_card(evs, req)
     (dec,) = of(evs, events.ApprovalDecided)
     assert (dec.decision, dec.decided_by) == ("approve", "bob")
@@ -179,6 +180,17 @@ async def test_an_approval_decided_over_rest_resumes_the_sdk_run(
     assert counted(tmp_path, "delete") == 1
     assert text_of(evs) == "done: deleted 2 rows"
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    # The approved call ran in a step of its own that stopped before the next
+    # model call: the tool's result is in it, the answer in the next segment.
+    assert [(r.name, r.kind, r.done) for r in recs] == [
+        ("segment-0", "step", True),
+        ("approval", "approval", True),
+        ("tools-1", "step", True),
+        ("segment-2", "step", True),
+    ]
+    (result,) = of(evs, events.ToolResult)
+    (answer,) = of(evs, events.TextDelta)
+    assert recs[1].seq < result.seq <= recs[2].seq < answer.seq <= recs[3].seq
 
 
 async def test_an_approval_rejected_over_websocket_denies_the_call(
