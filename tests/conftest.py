@@ -30,6 +30,7 @@ from broker.settings import Settings
 
 from .browser_helpers import CHROMIUM, LAUNCH_ARGS
 from .helpers import FIXTURE_TASK_PREFIX, KillableStack, Stack, make_settings
+from .workerkit import purge_jobs
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +103,18 @@ async def browser() -> AsyncIterator[Browser]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def broker(settings: Settings) -> AsyncIterator[Broker]:
     b = await Broker.connect(settings, name="runlog-test")
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(settings: Settings) -> AsyncIterator[Broker]:
+    """A broker with no worker: starts runs, decides, reads (the job messages
+    earlier tests left unconsumed are dropped first)."""
+    b = await Broker.connect(settings, name="test-client")
+    await purge_jobs(b)
     try:
         yield b
     finally:

@@ -5,14 +5,13 @@ real workers, NATS and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 import pytest
-import pytest_asyncio
 from ag_ui.core import (
     CustomEvent,
     Interrupt,
@@ -53,7 +52,6 @@ from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
-    purge_jobs,
     read_run,
     running_worker,
     start,
@@ -69,17 +67,6 @@ AGENT = "tests.agents.agui_agent:agent"
 def upstream_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """Points the module-level agent at an upstream (as RUNLOG_AGUI_URL does)."""
     return lambda url: monkeypatch.setenv("RUNLOG_AGUI_URL", url)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(settings: Settings) -> AsyncIterator[Broker]:
-    """A broker with no worker: starts runs, decides, reads."""
-    b = await Broker.connect(settings, name="test-client")
-    await purge_jobs(b)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def finished(ex: Exchange, **kw: Any) -> RunFinishedEvent:

@@ -4,11 +4,9 @@ in-process and as `runlog worker` processes killed mid-run."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from broker import events, ids
 from broker.runtime import Broker
@@ -20,7 +18,6 @@ from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
-    purge_jobs,
     read_run,
     running_worker,
     start,
@@ -31,17 +28,6 @@ from .workerkit import (
 
 AGENTS = "tests.agents.api_agents"
 _DOOMED = {"worker_lease_s": 2.0}
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(settings: Settings) -> AsyncIterator[Broker]:
-    """A broker with no worker: starts runs, decides, reads."""
-    b = await Broker.connect(settings, name="test-client")
-    await purge_jobs(b)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def _count(d: Path, name: str) -> int:

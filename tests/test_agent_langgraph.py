@@ -28,7 +28,6 @@ from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
-    purge_jobs,
     read_run,
     running_worker,
     start,
@@ -38,17 +37,6 @@ from .workerkit import (
 
 AGENT = "tests.agents.lg_agent:agent"
 _DOOMED = {"worker_lease_s": 2.0}
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(settings: Settings) -> AsyncIterator[Broker]:
-    """A broker with no worker: starts runs, decides, reads."""
-    b = await Broker.connect(settings, name="test-client")
-    await purge_jobs(b)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 @pytest_asyncio.fixture(autouse=True, loop_scope="session")

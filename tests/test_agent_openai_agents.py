@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest_asyncio
 
 from broker import events, steps
 from broker.runtime import Broker
@@ -26,7 +25,6 @@ from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
-    purge_jobs,
     read_run,
     running_worker,
     start,
@@ -36,17 +34,6 @@ from .workerkit import (
 )
 
 AGENT = "tests.agents.oa_agent:agent"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(settings: Settings) -> AsyncIterator[Broker]:
-    """A broker with no worker: starts runs, decides, reads."""
-    b = await Broker.connect(settings, name="test-client")
-    await purge_jobs(b)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def _spec(**kw: Any) -> str:

@@ -5,12 +5,10 @@ run by runlog workers, in-process and as `runlog worker` processes."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from pydantic_ai.exceptions import (
     ModelHTTPError,
     ModelRateLimitError,
@@ -31,7 +29,6 @@ from .helpers import sample
 from .workerkit import (
     WorkerProcess,
     of,
-    purge_jobs,
     read_run,
     running_worker,
     start,
@@ -42,17 +39,6 @@ from .workerkit import (
 
 AGENT = "tests.agents.pa_agent:agent"
 _DOOMED = {"worker_lease_s": 2.0}
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(settings: Settings) -> AsyncIterator[Broker]:
-    """A broker with no worker: starts runs, decides, reads."""
-    b = await Broker.connect(settings, name="test-client")
-    await purge_jobs(b)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 def _input(**kw: object) -> str:
