@@ -27,6 +27,12 @@ import aiohttp
 import psutil
 import pytest
 import pytest_asyncio
+from ag_ui.core import (
+    RunFinishedEvent,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+)
 
 from broker.embedded import LOOPBACK, free_port, port_is_free
 from broker.settings import Settings
@@ -34,6 +40,7 @@ from gateway import auth
 from runlog.client import Client
 from runlog.supervisor import RestartBackoff, describe_exit
 
+from .aguiserver import Exchange, serving
 from .helpers import FIXTURE_TASK_PREFIX
 from .procs import RunlogProcess
 
@@ -529,3 +536,51 @@ async def test_runlog_up_runs_the_agent_of_the_docs_quickstart(data_dir: Path) -
     ]
     assert got[-1]["status"] == "completed"
     assert got[-1]["usage"] == {"input_tokens": 120, "output_tokens": 30, "reasoning_tokens": 0}
+
+
+async def _agui_hello(ex: Exchange) -> None:
+    await ex.started()
+    await ex.send(
+        TextMessageStartEvent(message_id="a1", role="assistant"),
+        TextMessageContentEvent(message_id="a1", delta="Hello from upstream"),
+        TextMessageEndEvent(message_id="a1"),
+        RunFinishedEvent(thread_id=ex.input.thread_id, run_id=ex.input.run_id),
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("agent", "input", "text"),
+    [
+        (
+            "tests.agents.lg_agent:agent",
+            '{"say": "Hello brave new world"}',
+            "Hello brave new world",
+        ),
+        ("tests.agents.oa_agent:agent", '{"words": ["Hel", "lo"]}', "Hello"),
+        ("tests.agents.pa_agent:agent", '{"do": "lookup"}', "lookup: sunny in Paris"),
+        ("tests.agents.agui_agent:agent", "hi", "Hello from upstream"),
+    ],
+    ids=["langgraph", "openai-agents", "pydantic-ai", "agui"],
+)
+async def test_runlog_up_runs_each_frameworks_agent(
+    data_dir: Path, agent: str, input: str, text: str
+) -> None:
+    """`runlog up --agent` with each adapter's test agent (the AG-UI one in
+    front of an upstream in this process): a run streams and completes."""
+    async with serving(_agui_hello) as upstream:
+        stack = Up(data_dir / f"up-{agent.split('.')[2]}", gateways=1, args=("--agent", agent))
+        stack.env["RUNLOG_AGUI_URL"] = upstream.url
+        try:
+            await stack.start()
+            async with Client(stack.urls, stack.token("alice")) as c:
+                sid = await c.create_session("framework")
+                run_id = await c.start_run(sid, input)
+                async with asyncio.timeout(120):
+                    got = [item.event async for item in c.follow(run_id=run_id)]
+        finally:
+            print(stack.tail())
+            await stack.stop()
+    assert "".join(str(e["delta"]) for e in got if e["type"] == "text_delta") == text
+    assert got[0]["type"] == "run_start"
+    assert got[-1]["type"] == "run_end" and got[-1]["status"] == "completed"
