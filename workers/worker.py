@@ -411,7 +411,7 @@ class Worker:
                 m.takeovers.labels("lost_race").inc()
                 continue
             try:
-                plan = await plan_takeover(store, own)
+                plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
                 log.info("run %s: taken over (%s)", run_id, plan.outcome)
                 if plan.run:
                     self._spawn(own, plan.state, plan.resume)
