@@ -154,7 +154,11 @@ async def test_worker_cut_off_postgres_is_fenced_when_it_comes_back(
                     proxy.heal()
 
                     async def a_gave_up() -> bool:
-                        return not w_a.active_runs
+                        # Its renewal found the run lost, and its appender
+                        # (retrying on its own backoff) tried the buffered
+                        # commit: only then is "nothing of A's landed" proven.
+                        fenced = sample(b_a.metrics, "runlog_append_fenced_total")
+                        return not w_a.active_runs and fenced > 0
 
                     await wait_until(a_gave_up)
                     after = await stored(b_b, run_id)
