@@ -28,6 +28,7 @@ from typing import NamedTuple
 import asyncpg
 
 from . import errors
+from .fence import as_owner
 
 _COLUMNS = """a.approval_id, a.run_id, r.session_id, a.tool_call_id, a.summary,
     (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms,
@@ -48,31 +49,6 @@ class ApprovalInfo(NamedTuple):
     comment: str
 
 
-# The run's row, while `epoch` owns it: every owner's write reads it, so the
-# write happens only if it is there (see the module's contract).
-_OWNER = """owner AS (SELECT run_id FROM runs
-    WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL FOR SHARE)"""
-
-
-async def _as_owner(pool: asyncpg.Pool, run_id: str, epoch: int, write: str, *args: object) -> int:
-    """Run `write` (a statement that writes only rows joined to `owner`, with
-    RETURNING) as the run's owner; return how many rows it wrote."""
-    row = await pool.fetchrow(
-        f"WITH {_OWNER}, w AS ({write})"
-        " SELECT EXISTS (SELECT FROM owner), (SELECT count(*) FROM w)",
-        run_id,
-        epoch,
-        *args,
-    )
-    assert row is not None
-    if not row[0]:
-        raise errors.StaleEpoch(
-            f"run {run_id}: epoch {epoch} is no longer the owner's, or the run has ended;"
-            " nothing was written"
-        )
-    return int(row[1])
-
-
 async def create(
     pool: asyncpg.Pool,
     *,
@@ -85,7 +61,7 @@ async def create(
 ) -> None:
     """Store a new approval for the run (fenced by `epoch`). Creating the same
     id again is a no-op, so a create whose reply was lost can be retried."""
-    await _as_owner(
+    await as_owner(
         pool,
         run_id,
         epoch,
@@ -147,7 +123,7 @@ async def decide(
 async def expire(pool: asyncpg.Pool, approval_id: str, *, run_id: str, epoch: int) -> ApprovalInfo:
     """Mark an undecided approval of the run past its expiry as expired (fenced
     by `epoch`); return what is stored (a decision that won the race stays)."""
-    await _as_owner(
+    await as_owner(
         pool,
         run_id,
         epoch,
@@ -173,7 +149,7 @@ async def close_open_for_run(pool: asyncpg.Pool, run_id: str, epoch: int) -> int
     over): mark it expired, so a late decision gets ApprovalExpired instead of
     being stored for a run that will never act on it. Fenced by `epoch`: the
     owner ending the run calls it before its run_end commits. Returns how many."""
-    return await _as_owner(
+    return await as_owner(
         pool,
         run_id,
         epoch,

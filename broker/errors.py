@@ -246,6 +246,12 @@ class MigrationError(RunlogError):
     code = "migration_failed"
 
 
+class BadAgent(RunlogError):
+    """The `agent` setting names nothing that can be imported and called."""
+
+    code = "bad_agent"
+
+
 class MigrationChecksumMismatch(MigrationError):
     code = "migration_checksum_mismatch"
 

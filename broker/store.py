@@ -558,6 +558,33 @@ class Store:
         )
         return [(r[0], r[1]) for r in rows]
 
+    @_reads("conversation read")
+    async def conversation(
+        self, session_id: str, run_id: str, limit: int
+    ) -> list[tuple[str, str, list[bytes]]]:
+        """The session's last `limit` ended runs created before `run_id`, oldest
+        first: (run_id, input, payloads of their text_delta and message_reset
+        events in seq order)."""
+        rows = await self.pool.fetch(
+            "SELECT r.run_id, r.input FROM runs r, runs me WHERE me.run_id = $2"
+            " AND r.session_id = $1 AND r.ended_at IS NOT NULL AND r.run_id <> me.run_id"
+            " AND (r.created_at, r.run_id) < (me.created_at, me.run_id)"
+            " ORDER BY r.created_at DESC, r.run_id DESC LIMIT $3",
+            session_id,
+            run_id,
+            limit,
+        )
+        runs = [(r[0], r[1]) for r in reversed(rows)]
+        texts: dict[str, list[bytes]] = {rid: [] for rid, _ in runs}
+        if runs:
+            for e in await self.pool.fetch(
+                "SELECT run_id, payload FROM events WHERE run_id = ANY($1::text[])"
+                " AND type IN ('text_delta', 'message_reset') ORDER BY run_id, seq",
+                list(texts),
+            ):
+                texts[e[0]].append(e[1])
+        return [(rid, inp, texts[rid]) for rid, inp in runs]
+
     @_reads("active runs read")
     async def earlier_active_runs(self, session_id: str, run_id: str) -> list[str]:
         """Unended runs of the session created before `run_id` (for 'enqueue')."""

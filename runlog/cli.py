@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
             _print_settings()
         return
     settings = Settings.from_args(args)
+    if args.command in ("up", "worker") and settings.agent:
+        sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
     logged = False  # whether errors go through the configured log (json) or print
     try:
         logformat.configure(settings.log_level, settings.log_format)
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             _need_urls(settings)
             asyncio.run(gateway_main.run(settings))
         elif args.command == "worker":
+            _check_agent(settings)
             asyncio.run(_worker(settings, args.concurrency))
         elif args.command == "tail":
             from . import tail as tail_mod
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "up":
             from . import up
 
+            _check_agent(settings)
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
         if logged:
@@ -230,6 +234,15 @@ async def _revoke(settings: Settings, user: str) -> None:
     if not sent:
         print(f"runlog: the gateways were not told at once; each applies it within "
               f"access_recheck_s ({settings.access_recheck_s:.0f} s)", file=sys.stderr)  # fmt: skip
+
+
+def _check_agent(settings: Settings) -> None:
+    """Refuse to start with an agent that cannot be loaded (BadAgent), rather
+    than leave workers failing (and `runlog up` restarting them) in a loop."""
+    if settings.agent:
+        from workers.runner import load_agent
+
+        load_agent(settings.agent)
 
 
 async def _worker(settings: Settings, concurrency: int | None) -> None:

@@ -93,6 +93,14 @@ class RunContext:
             self._deadline = _loop_time() + self._paused_remaining
             self._paused_remaining = None
 
+    @property
+    def clock_paused(self) -> bool:
+        return self._paused_remaining is not None
+
+    def remaining_s(self) -> float:
+        """What is left of the run's time budget (s)."""
+        return self._remaining()
+
     def _remaining(self) -> float:
         if self._paused_remaining is not None:
             return self._paused_remaining

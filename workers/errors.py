@@ -21,6 +21,16 @@ CODES: dict[str, tuple[bool, str]] = {
     "step_limit": (False, "the run reached its limit of model turns"),
     "model_not_allowed": (False, "the model this run asked for is not allowed here"),
     "internal": (True, "internal error in the worker"),
+    # Agents written against workers.api (docs/agents.md):
+    "agent_error": (False, "the agent failed"),
+    "agent_nondeterministic": (
+        False,
+        "the agent called other steps on a replay than the log holds; it cannot be resumed",
+    ),
+    "step_interrupted": (
+        False,
+        "the worker stopped while a step that must not run twice was running",
+    ),
 }
 
 # Every code a worker may put in run_error: its own, then the adapters'.

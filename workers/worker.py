@@ -60,11 +60,13 @@ from broker.store import TRANSIENT_DB_ERRORS, Ownership, RunInfo
 
 from .adapters.factory import close_adapter, make_adapter, model_name
 from .agent import Agent, Outcome
+from .api import Agent as AgentFn
 from .context import RunContext
 from .follower import ControlFollower
 from .lease import keep_lease
 from .metrics import WorkerMetrics
 from .model import ModelAdapter
+from .runner import load_agent, plan_agent_takeover, run_agent
 from .signals import RunSignals
 from .state import AgentState, ResumePoint
 from .takeover import plan_takeover
@@ -94,6 +96,7 @@ class Worker:
         adapter: ModelAdapter | None = None,
         tools: ToolRegistry | None = None,
         worker_id: str | None = None,
+        agent: AgentFn | None = None,
     ) -> None:
         self.broker = broker
         self.settings = settings
@@ -103,6 +106,8 @@ class Worker:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._adapter = adapter
         self._tools = tools
+        # An agent written against workers.api (setting `agent`); None: the built-in loop.
+        self._agent = agent
         self.metrics: WorkerMetrics | None = None
         self._runs: dict[str, _Owned] = {}
         self._slot_freed = asyncio.Event()
@@ -125,6 +130,8 @@ class Worker:
     async def start(self) -> None:
         if self._tools is None:
             self._tools = load_tools(self.settings.tools)
+        if self._agent is None and self.settings.agent:
+            self._agent = load_agent(self.settings.agent)
         if self._adapter is None:
             self._adapter = make_adapter(self.settings)
         self.metrics = WorkerMetrics(self.registry, self._tools.names())
@@ -268,11 +275,16 @@ class Worker:
     # -- execution
 
     def _spawn(
-        self, own: Ownership, state: AgentState | None, resume: ResumePoint | None = None
+        self,
+        own: Ownership,
+        state: AgentState | None,
+        resume: ResumePoint | None = None,
+        *,
+        resumed: bool = False,
     ) -> None:
         signals = RunSignals()
         task = asyncio.create_task(
-            self._execute(own, signals, state, resume), name=f"run-{own.run_id}"
+            self._execute(own, signals, state, resume, resumed), name=f"run-{own.run_id}"
         )
         self._runs[own.run_id] = _Owned(own, signals, task)
         assert self.metrics is not None
@@ -284,6 +296,7 @@ class Worker:
         signals: RunSignals,
         state: AgentState | None,
         resume: ResumePoint | None,
+        resumed: bool,
     ) -> None:
         b = self.broker
         m = self.metrics
@@ -329,8 +342,13 @@ class Worker:
                 metrics=m,
                 registry=self._tools,
             )
-            agent = Agent(ctx, self._adapter, model_name=model_name(self._adapter, self.settings))
-            outcome = await agent.run(state, resume)
+            if self._agent is not None:
+                outcome = await run_agent(ctx, self._agent, resumed=resumed)
+            else:
+                agent = Agent(
+                    ctx, self._adapter, model_name=model_name(self._adapter, self.settings)
+                )
+                outcome = await agent.run(state, resume)
         except asyncio.CancelledError:
             log.info("run %s: cancelled (ownership lost or worker closing)", own.run_id)
         except Exception:
@@ -411,10 +429,13 @@ class Worker:
                 m.takeovers.labels("lost_race").inc()
                 continue
             try:
-                plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
+                if self._agent is not None:
+                    plan = await plan_agent_takeover(store, own)
+                else:
+                    plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
                 log.info("run %s: taken over (%s)", run_id, plan.outcome)
                 if plan.run:
-                    self._spawn(own, plan.state, plan.resume)
+                    self._spawn(own, plan.state, plan.resume, resumed=plan.outcome == "resumed")
                 else:
                     await plan.end(store, self.broker.writer(own), m, self._side_effect_tools())
             except errors.RunlogError as e:

@@ -1,0 +1,393 @@
+"""The journal behind an `AgentContext`: steps, approvals, replay, events.
+
+A run's durable operations (`ctx.step`, `ctx.approval`) are numbered by call
+order; each one is a row of `run_steps` (`broker/steps.py`) written under the
+owner's epoch with the seq the log ended at:
+
+| operation | rows |
+|---|---|
+| retryable step | one, `done`, after `fn` returned and its events were flushed |
+| step with `retryable=False` | `started` before `fn` runs, `done` after |
+| approval | `started` (its id, expiry) before `approval_required` is appended, `done` with the decision after `approval_decided` |
+
+Replay (`prepare`, then the agent from the top): while the agent has not
+passed the last row, steps return their stored values, approvals their
+stored decisions, and events are dropped (they are in the log up to that
+row's seq). What follows that seq — the dead owner's in-flight work — was
+retracted by `prepare` (`resume.py`). The last row may be open:
+
+- an approval still waited for: the replay reaches it and waits again (or
+  finds the decision in the log), never asking twice;
+- a `retryable=False` step that started: the run fails `step_interrupted`.
+
+Ids from `new_id` hash (run, operation index, the epoch that ran that part
+of the agent, a counter), so a replay gives the same ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from broker import approvals, errors, events, ids, steps
+from broker.steps import StepRecord
+from broker.store import retry_transient
+
+from .api import ChatMessage, Decision, encode_result, stable_id
+from .context import Released, RunContext, Stopped
+from .errors import RunFailure
+from .resume import read_tail, retract, unretractable
+from .signals import DecisionInfo
+from .toolstep import _wait_decision
+
+log = logging.getLogger(__name__)
+
+CONVERSATION_RUNS = 50
+
+# Runlog's own outcomes, raised inside the agent's task: the agent may catch
+# them (a broad `except Exception`), so the journal remembers the first one
+# and the runner acts on it whatever the agent did.
+_OURS = (Stopped, Released, RunFailure, errors.StaleEpoch, errors.RunEnded, errors.StorageError)
+
+
+class _StepResult(msgspec.Struct, kw_only=True):
+    value: msgspec.Raw
+    usage: tuple[int, int, int] = (0, 0, 0)
+
+
+class _ApprovalRow(msgspec.Struct, kw_only=True):
+    approval_id: str
+    tool_call_id: str = ""
+    summary: str = ""
+    expires_at: int = 0
+    decision: str = ""
+    decided_by: str = ""
+    comment: str = ""
+
+
+_step_decoder = msgspec.json.Decoder(_StepResult)
+_approval_decoder = msgspec.json.Decoder(_ApprovalRow)
+
+
+class Journal:
+    def __init__(self, ctx: RunContext, records: list[StepRecord]) -> None:
+        self.ctx = ctx
+        self.records = records
+        self.idx = 0  # the next durable operation's index
+        self._n = 0  # ids made since the last operation
+        self.usage = [0, 0, 0]
+        self.fatal: BaseException | None = None
+        self.open_approval = ""  # id of the approval being waited on, if any
+        self.clock_changed = asyncio.Event()
+        self._in_step = False
+        # For an open approval that ends the records: what of it the log holds.
+        self._tail: list[events.AnyEvent] = []
+
+    @classmethod
+    async def load(cls, ctx: RunContext) -> Journal:
+        records = await retry_transient(
+            lambda: steps.load(ctx.store.pool, ctx.run.run_id),
+            for_s=ctx.settings.db_retry_s,
+            what="steps read",
+        )
+        return cls(ctx, records)
+
+    @property
+    def replaying(self) -> bool:
+        return self.idx < len(self.records)
+
+    # -- a takeover's first act
+
+    async def prepare(self) -> None:
+        """Check that the run can be resumed and retract the tail (see the
+        module doc); RunFailure if it cannot be resumed."""
+        ctx = self.ctx
+        last = self.records[-1] if self.records else None
+        waiting = last is not None and last.kind == "approval" and not last.done
+        if last is not None and last.kind == "step" and not last.done:
+            raise RunFailure("step_interrupted", f"step {last.name!r} was running")
+        progress_epoch = last.last_epoch if last is not None else 1
+        if not waiting and ctx.writer.epoch - progress_epoch > ctx.settings.agent_max_resumes:
+            raise RunFailure(
+                "worker_lost",
+                f"taken over more than agent_max_resumes ({ctx.settings.agent_max_resumes}) "
+                "times without completing a step",
+            )
+        tail = await read_tail(ctx.store, ctx.run.run_id, last.seq if last is not None else 1)
+        approval_id = _approval_of(last).approval_id if waiting and last is not None else ""
+        reason = unretractable(tail, approval_id=approval_id)
+        if reason is not None:
+            log.info("run %s: cannot be resumed (%s)", ctx.run.run_id, reason)
+            raise RunFailure("worker_lost")
+        self._tail = tail
+        for ev in tail:
+            if isinstance(ev, events.ToolCallStart):
+                ctx.opened.append(ev.tool_call_id)
+        await retract(ctx.writer, tail)
+        ctx.resulted.update(ctx.opened)  # the retraction gave each its result
+        await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
+
+    # -- events
+
+    async def emit(self, event: events.Event) -> None:
+        self._check()
+        ctx = self.ctx
+        if isinstance(event, events.ToolCallStart):
+            ctx.opened.append(event.tool_call_id)
+        elif isinstance(event, events.ToolResult):
+            ctx.resulted.add(event.tool_call_id)
+        if self.replaying:
+            return  # in the log already
+        await self._ours(ctx.append(event))
+
+    def add_usage(self, input_tokens: int, output_tokens: int, reasoning_tokens: int) -> None:
+        self.usage[0] += max(0, input_tokens)
+        self.usage[1] += max(0, output_tokens)
+        self.usage[2] += max(0, reasoning_tokens)
+
+    def new_id(self, prefix: str) -> str:
+        rec = self.records[self.idx] if self.replaying else None
+        epoch = rec.epoch if rec is not None else self.ctx.writer.epoch
+        self._n += 1
+        return stable_id(prefix, self.ctx.run.run_id, self.idx, epoch, self._n)
+
+    async def conversation(self) -> list[ChatMessage]:
+        run = self.ctx.run
+        rows = await self.ctx.store.conversation(run.session_id, run.run_id, CONVERSATION_RUNS)
+        out: list[ChatMessage] = []
+        for run_id, input_, payloads in rows:
+            if input_:
+                out.append(ChatMessage("user", input_, run_id))
+            text = _final_text(payloads)
+            if text:
+                out.append(ChatMessage("assistant", text, run_id))
+        return out
+
+    # -- steps
+
+    async def step(
+        self, name: str, fn: Callable[[], Awaitable[Any]], *, retryable: bool, type: Any
+    ) -> Any:
+        self._check()
+        if self._in_step:
+            raise RuntimeError("steps do not nest, and do not run concurrently")
+        idx = self.idx
+        if self.replaying:
+            rec = self._expect(idx, "step", name)
+            assert rec.result is not None
+            stored = _step_decoder.decode(rec.result)
+            self.add_usage(*stored.usage)
+            self._advance()
+            return _value(stored.value, type)
+        ctx = self.ctx
+        if not retryable:
+            seq = await self._ours(ctx.writer.flush())
+            await self._record(idx, name, "step", False, None, seq)
+        before = list(self.usage)
+        self._in_step = True
+        try:
+            value = await fn()
+        finally:
+            self._in_step = False
+        data = encode_result(value)
+        used = tuple(a - b for a, b in zip(self.usage, before, strict=True))
+        blob = msgspec.json.encode(_StepResult(value=msgspec.Raw(data), usage=used))  # type: ignore[arg-type]
+        seq = await self._ours(ctx.writer.flush())
+        await self._record(idx, name, "step", True, blob, seq)
+        self._advance()
+        return _value(msgspec.Raw(data), type)
+
+    async def approval(
+        self, summary: str, *, tool_call_id: str, timeout_s: float | None
+    ) -> Decision:
+        self._check()
+        if self._in_step:
+            raise RuntimeError("an approval cannot be asked for inside a step")
+        idx = self.idx
+        if self.replaying:
+            rec = self._expect(idx, "approval", "approval")
+            row = _approval_of(rec)
+            if rec.done:
+                self._advance()
+                return Decision(row.decision, row.decided_by, row.comment)  # type: ignore[arg-type]
+            return await self._finish_approval(idx, row, logged=self._tail)
+        ctx = self.ctx
+        s = ctx.settings
+        timeout = s.approval_timeout_s if timeout_s is None else max(0.0, timeout_s)
+        row = _ApprovalRow(
+            approval_id=ids.approval_id(),
+            tool_call_id=tool_call_id,
+            summary=summary,
+            expires_at=ctx.now_ms() + int(timeout * 1000),
+        )
+        await self._ours(
+            ctx.write(
+                lambda: approvals.create(
+                    ctx.store.pool,
+                    approval_id=row.approval_id,
+                    run_id=ctx.run.run_id,
+                    epoch=ctx.writer.epoch,
+                    tool_call_id=tool_call_id,
+                    summary=summary,
+                    expires_at_ms=row.expires_at,
+                ),
+                "approval create",
+            )
+        )
+        seq = await self._ours(ctx.writer.flush())
+        await self._record(idx, "approval", "approval", False, msgspec.json.encode(row), seq)
+        return await self._finish_approval(idx, row, logged=[])
+
+    async def _finish_approval(
+        self, idx: int, row: _ApprovalRow, *, logged: list[events.AnyEvent]
+    ) -> Decision:
+        """From an approval's row on: request (unless `logged` has it), wait
+        (unless `logged` has the decision), record the decision."""
+        ctx = self.ctx
+        self.open_approval = row.approval_id
+        await self._status("waiting_approval")
+        requested = any(
+            isinstance(e, events.ApprovalRequired) and e.approval_id == row.approval_id
+            for e in logged
+        )
+        decided = next(
+            (
+                DecisionInfo(e.decision, e.decided_by, e.comment)
+                for e in logged
+                if isinstance(e, events.ApprovalDecided) and e.approval_id == row.approval_id
+            ),
+            None,
+        )
+        if not requested:
+            await self._ours(
+                ctx.append(
+                    events.ApprovalRequired(
+                        approval_id=row.approval_id,
+                        tool_call_id=row.tool_call_id,
+                        summary=row.summary,
+                        expires_at=row.expires_at,
+                    )
+                )
+            )
+            await self._ours(ctx.writer.flush())
+        if decided is None:
+            decided = await self._wait(row)
+            await self._ours(
+                ctx.append(
+                    events.ApprovalDecided(
+                        approval_id=row.approval_id,
+                        decision=decided.decision,  # type: ignore[arg-type]
+                        decided_by=decided.decided_by,
+                        comment=decided.comment,
+                    )
+                )
+            )
+        seq = await self._ours(ctx.writer.flush())
+        row.decision, row.decided_by, row.comment = decided
+        await self._record(idx, "approval", "approval", True, msgspec.json.encode(row), seq)
+        self.open_approval = ""
+        await self._status("running")
+        self._advance()
+        return Decision(decided.decision, decided.decided_by, decided.comment)  # type: ignore[arg-type]
+
+    async def _wait(self, row: _ApprovalRow) -> DecisionInfo:
+        ctx = self.ctx
+        m = ctx.metrics
+        ctx.pause_clock()
+        self.clock_changed.set()
+        m.approvals_waiting.inc()
+        try:
+            decision = await self._ours(_wait_decision(ctx, row.approval_id, row.expires_at))
+        finally:
+            m.approvals_waiting.dec()
+            ctx.resume_clock()
+            self.clock_changed.set()
+        m.approvals.labels(decision.decision).inc()
+        return decision
+
+    # -- bookkeeping
+
+    def _check(self) -> None:
+        """Once runlog has decided the run's outcome, the agent does nothing more."""
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _expect(self, idx: int, kind: str, name: str) -> StepRecord:
+        rec = self.records[idx]
+        if rec.kind != kind or rec.name != name:
+            self.fatal = RunFailure(
+                "agent_nondeterministic",
+                f"operation {idx} is {rec.kind} {rec.name!r} in the log; the agent asked for "
+                f"{kind} {name!r}",
+            )
+            raise self.fatal
+        return rec
+
+    def _advance(self) -> None:
+        self.idx += 1
+        self._n = 0
+
+    async def _record(
+        self, idx: int, name: str, kind: steps.StepKind, done: bool, result: bytes | None, seq: int
+    ) -> None:
+        ctx = self.ctx
+        await self._ours(
+            ctx.write(
+                lambda: steps.record(
+                    ctx.store.pool,
+                    run_id=ctx.run.run_id,
+                    epoch=ctx.writer.epoch,
+                    idx=idx,
+                    name=name,
+                    kind=kind,
+                    done=done,
+                    result=result,
+                    seq=seq,
+                ),
+                "step record",
+            )
+        )
+
+    async def _status(self, status: str) -> None:
+        ctx = self.ctx
+        w = ctx.writer
+        ok = await self._ours(
+            ctx.write(lambda: ctx.store.save_checkpoint(w.run_id, w.epoch, None, status), "status")
+        )
+        if not ok:
+            self.fatal = errors.StaleEpoch(f"run {w.run_id}: ownership lost")
+            raise self.fatal
+
+    async def _ours(self, aw: Awaitable[Any]) -> Any:
+        """Await `aw`; remember a runlog outcome it raises (see `_OURS`)."""
+        try:
+            return await aw
+        except _OURS as e:
+            if self.fatal is None:
+                self.fatal = e
+            raise
+
+
+def _approval_of(rec: StepRecord) -> _ApprovalRow:
+    assert rec.result is not None
+    return _approval_decoder.decode(rec.result)
+
+
+def _value(raw: msgspec.Raw, type: Any) -> Any:
+    return msgspec.json.decode(raw, type=type) if type is not None else msgspec.json.decode(raw)
+
+
+def _final_text(payloads: list[bytes]) -> str:
+    """A run's text as its clients were left with it: resets drop a message."""
+    texts: dict[str, list[str]] = {}
+    for p in payloads:
+        ev = events.decode_stored(p)
+        if isinstance(ev, events.TextDelta):
+            texts.setdefault(ev.message_id, []).append(ev.delta)
+        elif isinstance(ev, events.MessageReset):
+            texts.pop(ev.message_id, None)
+    return "".join("".join(parts) for parts in texts.values())

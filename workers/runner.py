@@ -1,0 +1,209 @@
+"""Executes a run with an agent written against `workers.api`, and ends it.
+
+The agent runs as one task, raced against what may cut it short: a stop or
+the drain deadline (the task is cancelled and gets `agent_stop_grace_s` to
+unwind) and the run's time budget (`run_timeout_s`, paused while an
+approval is waited for). Then exactly one ending, as for the built-in loop
+(`agent.py`): `completed`, `aborted` (interrupt_requested + the stop audit)
+or `failed` (run_error with a code); tool cards left without a result get
+`tool_result skipped` first. Nothing is appended by a worker that lost the
+run: it just stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import secrets
+from collections.abc import Awaitable
+
+from broker import approvals, errors, events
+from broker.store import Ownership, Store
+
+from .agent import Outcome
+from .api import Agent, AgentContext, AgentError
+from .context import Released, RunContext, Stopped
+from .durable import Journal
+from .errors import RunFailure
+from .takeover import _MAX_RESTART_EPOCH, TakeoverPlan
+
+log = logging.getLogger(__name__)
+
+
+async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
+    """Execute (or, after a takeover, resume) the run; never raises but
+    CancelledError (ownership lost)."""
+    run_id = ctx.run.run_id
+    journal: Journal | None = None
+    try:
+        try:
+            ctx.start_clock(0.0)
+            journal = await Journal.load(ctx)
+            if ctx.writer.last_seq == 0:
+                await ctx.append(
+                    events.RunStart(
+                        trace_id=secrets.token_hex(16),
+                        model=ctx.run.model,
+                        started_by=ctx.run.started_by,
+                        input=ctx.run.input,
+                    )
+                )
+            elif resumed:
+                await journal.prepare()
+            await _race(ctx, journal, agent(AgentContext(journal, resumed=resumed)))
+            await _end(ctx, journal, events.RunEnd(status="completed", usage=_usage(journal)))
+            return "completed"
+        except Stopped:
+            await _end_aborted(ctx, journal)
+            return "aborted"
+        except RunFailure as f:
+            await _end_failed(ctx, journal, f)
+            return "failed"
+        except Released:
+            return "released"
+    except (errors.StaleEpoch, errors.RunEnded):
+        log.info("run %s: ownership lost; another worker has it", run_id)
+        return "lost"
+    except errors.RunlogError as e:
+        log.warning("run %s: cannot write (%s); leaving it to a takeover", run_id, e)
+        return "lost"
+
+
+async def _race(ctx: RunContext, journal: Journal, coro: Awaitable[None]) -> None:
+    task = asyncio.ensure_future(coro)
+    halt = asyncio.ensure_future(ctx.signals.halt.wait())
+    ours = False  # we cancelled the task
+    try:
+        while True:
+            journal.clock_changed.clear()
+            clock = asyncio.ensure_future(journal.clock_changed.wait())
+            remaining = None if ctx.clock_paused else ctx.remaining_s()
+            try:
+                done, _ = await asyncio.wait(
+                    {task, halt, clock},
+                    timeout=max(0.0, remaining) if remaining is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                clock.cancel()
+            if task in done:
+                break
+            if halt in done or not done:  # stopped, drain deadline, or out of time
+                ours = True
+                task.cancel()
+                await asyncio.wait({task}, timeout=ctx.settings.agent_stop_grace_s)
+                if not task.done():
+                    log.warning("run %s: the agent ignored its cancellation", ctx.run.run_id)
+                if journal.fatal is None:
+                    ctx.check_halt()
+                    raise RunFailure("run_timeout")
+                break
+    finally:
+        halt.cancel()
+    if journal.fatal is not None:
+        raise journal.fatal
+    if task.cancelled():
+        if ours:  # cut short by us, and the agent swallowed nothing of ours
+            ctx.check_halt()
+            raise RunFailure("run_timeout")
+        raise RunFailure("agent_error", "the agent cancelled itself")
+    e = task.exception()
+    if e is None:
+        return
+    if isinstance(e, AgentError):
+        raise RunFailure(e.code, e.message or e.code, retryable=e.retryable)
+    log.error("run %s: the agent raised", ctx.run.run_id, exc_info=e)
+    raise RunFailure("agent_error", f"the agent raised {type(e).__name__}")
+
+
+# -- ending (the same shapes as agent.py's)
+
+
+async def _close_pending(ctx: RunContext) -> None:
+    for call_id in dict.fromkeys(ctx.opened):
+        if call_id not in ctx.resulted:
+            ctx.resulted.add(call_id)
+            await ctx.append(
+                events.ToolResult(
+                    tool_call_id=call_id, status="skipped", summary="not run: the run ended"
+                )
+            )
+
+
+async def _end(ctx: RunContext, journal: Journal | None, last: events.RunEnd) -> None:
+    await _close_pending(ctx)
+    if journal is not None and journal.open_approval:
+        # Close it first: once run_end is visible a late decision gets
+        # approval_expired. Fenced: StaleEpoch if another worker owns the run.
+        await ctx.write(
+            lambda: approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id, ctx.writer.epoch),
+            "approval close",
+        )
+    await ctx.append(last)
+    await ctx.writer.flush()
+    ctx.metrics.events_per_run.observe(ctx.writer.last_seq)
+
+
+async def _end_aborted(ctx: RunContext, journal: Journal | None) -> None:
+    stop = ctx.signals.stop
+    assert stop is not None
+    await _close_pending(ctx)
+    at_seq = ctx.writer.last_seq
+    await ctx.append(events.InterruptRequested(requested_by=stop.requested_by, reason=stop.reason))
+    audit = events.StopAudit(
+        requested_by=stop.requested_by,
+        requested_at=stop.requested_at_ms,
+        reason=stop.reason,
+        at_seq=at_seq,
+        step=journal.idx if journal is not None else 0,
+    )
+    await _end(ctx, journal, events.RunEnd(status="aborted", usage=_usage(journal), stop=audit))
+
+
+async def _end_failed(ctx: RunContext, journal: Journal | None, f: RunFailure) -> None:
+    ctx.metrics.errors.labels(ctx.metrics.error_label(f.code)).inc()
+    await _close_pending(ctx)
+    await ctx.append(events.RunError(code=f.code, retryable=f.retryable, message=f.message))
+    await _end(ctx, journal, events.RunEnd(status="failed", usage=_usage(journal)))
+
+
+def _usage(journal: Journal | None) -> events.Usage:
+    u = journal.usage if journal is not None else [0, 0, 0]
+    return events.Usage(input_tokens=u[0], output_tokens=u[1], reasoning_tokens=u[2])
+
+
+# -- registration and takeover
+
+
+def load_agent(path: str) -> Agent:
+    """The agent at `module:attr` (setting `agent`); BadAgent if there is none."""
+    module_name, _, attr = path.strip().partition(":")
+    if not module_name or not attr:
+        raise errors.BadAgent(f"agent {path!r} must look like module:attr")
+    try:
+        value = getattr(importlib.import_module(module_name), attr)
+    except ImportError as e:
+        raise errors.BadAgent(
+            f"agent {path!r}: cannot import {module_name}: {e}",
+            hint="run from the folder that holds the module, or install it; an adapter's "
+            "framework comes with its extra, e.g. pip install 'runlog[langgraph]'",
+        ) from e
+    except AttributeError as e:
+        raise errors.BadAgent(f"agent {path!r}: {module_name} has no {attr}") from e
+    if not callable(value):
+        raise errors.BadAgent(f"agent {path!r} is a {type(value).__name__}, not a callable")
+    return value
+
+
+async def plan_agent_takeover(store: Store, own: Ownership) -> TakeoverPlan:
+    """A run of an API agent taken over: stopped → ended aborted here; an
+    empty log → executed from the start; else resumed by replay (which fails
+    it itself if its tail cannot be retracted: `Journal.prepare`)."""
+    stop = await store.interrupt_request(own.run_id)
+    if stop is not None:
+        return TakeoverPlan("aborted", False, None, stop, None)
+    if own.last_seq == 0:  # died before run_start: again, a few times
+        ok = own.epoch <= _MAX_RESTART_EPOCH
+        return TakeoverPlan("restarted" if ok else "failed", ok, None, None, None)
+    return TakeoverPlan("resumed", True, None, None, None)
