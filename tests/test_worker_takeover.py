@@ -8,14 +8,16 @@ from __future__ import annotations
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from broker import approvals, events, ids
 from broker.runtime import Broker
 from broker.settings import Settings
 from broker.store import Ownership
+from workers.metrics import WorkerMetrics
 from workers.model import Message, ToolCall
 from workers.state import AgentState, DecidedCall, decode_state, encode_state
-from workers.takeover import plan_takeover
+from workers.takeover import TakeoverPlan, plan_takeover
 
 from .helpers import sample
 from .workerkit import of, purge_jobs, read_run, running_worker, wait_event
@@ -140,9 +142,6 @@ async def _wait_request(b: Broker, run_id: str) -> events.ApprovalRequired:
 async def test_stop_audit_after_takeover_names_side_effects_from_the_log(broker: Broker) -> None:
     """A tool with side effects ran after the last checkpoint (none here), then
     the worker died and a stop was requested: the audit still names it."""
-    from workers.metrics import WorkerMetrics
-    from workers.takeover import plan_takeover
-
     sid = await broker.store.create_session("alice")
     run_id = await broker.store.create_run(sid, "alice")
     w = await broker.claim(run_id, "dead-worker")
@@ -160,8 +159,6 @@ async def test_stop_audit_after_takeover_names_side_effects_from_the_log(broker:
     assert own is not None
     plan = await plan_takeover(broker.store, own)
     assert plan.outcome == "aborted"
-    from prometheus_client import CollectorRegistry
-
     await plan.end(broker.store, broker.writer(own),
                    WorkerMetrics(CollectorRegistry(), ["save_note"]), frozenset({"save_note"}))  # fmt: skip
     last = events.decode_stored((await broker.store.run_page(run_id, 0, 100))[-1].payload)
@@ -205,6 +202,20 @@ async def _expire(broker: Broker, run_id: str) -> Ownership:
     return own
 
 
+async def _carry_out(broker: Broker, own: Ownership, plan: TakeoverPlan) -> list[events.AnyEvent]:
+    """End the run as its new owner would (a resumed one: as if it finished),
+    so no later test's worker finds it; its log."""
+    w = broker.writer(own)
+    if plan.run:
+        await w.append(events.RunEnd(status="completed"))
+        await w.flush()
+    else:
+        await plan.end(broker.store, w, WorkerMetrics(CollectorRegistry(), []))
+    return [
+        events.decode_stored(e.payload) for e in await broker.store.run_page(own.run_id, 0, 100)
+    ]
+
+
 @pytest.mark.parametrize(("resumes", "outcome"), [(2, "resumed"), (3, "failed")])
 async def test_takeovers_without_a_durable_point_between_are_bounded(
     broker: Broker, resumes: int, outcome: str
@@ -219,6 +230,10 @@ async def test_takeovers_without_a_durable_point_between_are_bounded(
     assert state is not None
     # A resume is counted in the checkpoint (under the new owner's epoch).
     assert state.resumes == (resumes + 1 if outcome == "resumed" else resumes)
+    evs = await _carry_out(broker, own, plan)
+    if outcome == "failed":
+        err = evs[-2]
+        assert isinstance(err, events.RunError) and err.code == "worker_lost"
 
 
 async def test_takeover_after_a_tool_result_past_the_checkpoint_fails(broker: Broker) -> None:
@@ -230,8 +245,12 @@ async def test_takeover_after_a_tool_result_past_the_checkpoint_fails(broker: Br
     await w.append(events.Progress(label="searching", done=1, total=1))
     await w.append(events.ToolResult(tool_call_id=_SEARCH.id, status="ok", summary="3 docs"))
     await w.flush()
-    plan = await plan_takeover(broker.store, await _expire(broker, run_id), max_resumes=3)
+    own = await _expire(broker, run_id)
+    plan = await plan_takeover(broker.store, own, max_resumes=3)
     assert (plan.outcome, plan.run) == ("failed", False)
+    err, end = (await _carry_out(broker, own, plan))[-2:]
+    assert isinstance(err, events.RunError) and err.code == "worker_lost"
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
 
 
 async def test_takeover_after_the_decision_runs_the_tool_without_asking_again(
