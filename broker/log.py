@@ -5,7 +5,10 @@ Contract:
   the run assigns them when they are appended; the commit checks that the
   run's last committed seq and owner epoch are what the writer expects, so a
   writer that lost ownership (a newer epoch exists) appends nothing and gets
-  StaleEpoch, for this and every later append.
+  StaleEpoch, for this and every later append. The commit of a `run_end`
+  also clears the run's worker checkpoint (workers/state.py), in the same
+  statement: an ended run keeps no state nobody reads again, and a worker
+  that dies before `run_end` commits still leaves its last one.
 - Every event also gets its session's `cursor`, contiguous per session across
   all runs and all writers. Cursors are taken under the session row's lock,
   which is held until commit, so cursors commit in order: once cursor N is
@@ -66,7 +69,8 @@ _UPDATE_RUNS = """
 UPDATE runs SET
     last_seq = u.base + u.n,
     status = COALESCE(u.end_status, runs.status),
-    ended_at = CASE WHEN u.end_status IS NULL THEN runs.ended_at ELSE now() END
+    ended_at = CASE WHEN u.end_status IS NULL THEN runs.ended_at ELSE now() END,
+    checkpoint = CASE WHEN u.end_status IS NULL THEN runs.checkpoint END
 FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::text[])
     AS u(run_id, epoch, base, n, end_status)
 WHERE runs.run_id = u.run_id AND runs.owner_epoch = u.epoch

@@ -3,10 +3,12 @@ processes killed (SIGKILL), paused (SIGSTOP) and drained (SIGTERM)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from broker import approvals, events
@@ -15,14 +17,17 @@ from broker.settings import Settings
 
 from .helpers import sample
 from .workerkit import (
+    TOOL_LOG_ENV,
     WorkerProcess,
     of,
     purge_jobs,
     read_run,
     running_worker,
+    scripted_text,
     start,
     stored,
     text_of,
+    tool_runs,
     wait_event,
     wait_until,
 )
@@ -70,7 +75,22 @@ async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
 
 
-async def test_kill_9_mid_stream_fails_the_run_cleanly(
+def _resumed_mid_stream(evs: list[events.AnyEvent], expected: str) -> None:
+    """A run taken over mid-stream and resumed: the dead owner's partial
+    message was reset, and after the reset the whole answer comes once."""
+    partial = of(evs, events.TextDelta)[0].message_id
+    (reset,) = [e for e in of(evs, events.MessageReset) if e.message_id == partial]
+    before, after = evs[: evs.index(reset)], evs[evs.index(reset) :]
+    assert len(text_of(before).split()) >= 10  # what streamed before the crash is kept
+    assert [d.message_id for d in of(after, events.TextDelta) if d.message_id == partial] == []
+    assert text_of(after) == expected  # complete, exactly once
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    assert of(evs, events.RunError) == []
+    end = evs[-1]
+    assert isinstance(end, events.RunEnd) and end.status == "completed"
+
+
+async def test_kill_9_mid_stream_resumes_the_run(
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:
     doomed = WorkerProcess(settings, tmp_path / "a.log", scripted_tokens_per_s=40.0, **_DOOMED)
@@ -84,39 +104,109 @@ async def test_kill_9_mid_stream_fails_the_run_cleanly(
         evs = await read_run(client, run_id)  # contiguous, each seq once
     assert (
         w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
+    _resumed_mid_stream(evs, await scripted_text("long story"))
+    assert (await client.store.get_run(run_id)).status == "completed"
+
+
+async def test_kill_9_while_a_tool_runs_runs_it_again_but_not_the_finished_one(
+    settings: Settings, client: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """save_note finished (its result is durable), search_docs was running:
+    the new owner runs search_docs again, never save_note, and goes on."""
+    runs = tmp_path / "tool-runs"
+    monkeypatch.setenv(TOOL_LOG_ENV, str(runs))
+    tools = "tests.workerkit:COUNTED_TOOLS"
+    doomed = WorkerProcess(settings, tmp_path / "a.log", **_DOOMED)
+    doomed.env["RUNLOG_TOOLS"] = tools
+    await doomed.start()
+    try:
+        _, run_id = await start(client, "slow tool: note it, no approval")
+        await wait_event(client, run_id, "progress")  # search_docs is running
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, tools=tools) as (_, w):
+        evs = await read_run(client, run_id)
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
+    assert tool_runs(runs) == ["save_note call_1_0", "search_docs call_1_1", "search_docs call_1_1"]
+    results = [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)]
+    assert results == [("call_1_0", "ok"), ("call_1_1", "ok")]
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    assert "Here is what I know" in text_of(evs)
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def test_kill_9_while_a_not_retryable_tool_runs_fails_tool_interrupted(
+    settings: Settings, client: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "tool-runs"
+    monkeypatch.setenv(TOOL_LOG_ENV, str(runs))
+    tools = "tests.workerkit:FRAGILE_TOOLS"
+    doomed = WorkerProcess(settings, tmp_path / "a.log", **_DOOMED)
+    doomed.env["RUNLOG_TOOLS"] = tools
+    await doomed.start()
+    try:
+        _, run_id = await start(client, "slow tool please")
+        await wait_event(client, run_id, "progress")
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, tools=tools) as (_, w):
+        evs = await read_run(client, run_id)
+    assert (
+        w.metrics is not None
         and sample(w.metrics, "runlog_worker_takeovers_total", outcome="failed") == 1
     )
+    assert tool_runs(runs) == ["search_docs call_1_0"]  # never again
+    (result,) = of(evs, events.ToolResult)
+    assert (result.tool_call_id, result.status) == ("call_1_0", "error")
     err, end = evs[-2], evs[-1]
-    assert isinstance(err, events.RunError) and (err.code, err.retryable) == ("worker_lost", True)
+    assert isinstance(err, events.RunError)
+    assert (err.code, err.retryable) == ("tool_interrupted", False)
     assert isinstance(end, events.RunEnd) and end.status == "failed"
-    assert len(text_of(evs).split()) >= 10  # what streamed before the crash is kept
-    assert (await client.store.get_run(run_id)).status == "failed"
 
 
 async def test_paused_worker_cannot_append_after_takeover(
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:
+    """A worker owning several streaming runs is paused (SIGSTOP) until they
+    are taken over: each is resumed and completes elsewhere, and after
+    SIGCONT the paused worker appends nothing to any of them."""
     paused = WorkerProcess(settings, tmp_path / "a.log", scripted_tokens_per_s=40.0, **_DOOMED)
-    await paused.start()
+    await paused.start(concurrency=4)
     try:
-        _, run_id = await start(client, "long story")
-        await wait_event(client, run_id, "text_delta", count=10)
+        run_ids = [(await start(client, "long story"))[1] for _ in range(4)]
+        for run_id in run_ids:
+            await wait_event(client, run_id, "text_delta", count=10)
         paused.signal(signal.SIGSTOP)
-        async with running_worker(settings, purge=False):
-            evs = await read_run(client, run_id)  # taken over and ended
-        assert of(evs, events.RunError)[0].code == "worker_lost"
-        head = len(evs)
+        async with running_worker(settings, purge=False) as (_, w):
+            logs = await asyncio.gather(*(read_run(client, r) for r in run_ids))
+        assert (
+            w.metrics is not None
+            and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 4
+        )
+        expected = await scripted_text("long story")
+        for evs in logs:
+            _resumed_mid_stream(evs, expected)
         paused.signal(signal.SIGCONT)
 
         # The resumed worker finds out it was fenced, and writes nothing.
         async def noticed() -> bool:
             out = paused.output()
-            return "ownership lost" in out or "lease lost" in out
+            return all(
+                f"run {r}: lease lost" in out or f"run {r}: cancelled (ownership lost" in out
+                or f"run {r}: ownership lost" in out
+                for r in run_ids
+            )  # fmt: skip
 
         await wait_until(noticed, timeout_s=30)
-        after = await stored(client, run_id)
-        assert len(after) == head and isinstance(after[-1], events.RunEnd)
-        assert await client.store.run_head(run_id) == (head, True)
+        for run_id, evs in zip(run_ids, logs, strict=True):
+            after = await stored(client, run_id)
+            assert len(after) == len(evs) and isinstance(after[-1], events.RunEnd)
+            assert await client.store.run_head(run_id) == (len(evs), True)
         assert await paused.terminate() == 0  # still healthy: drains and exits
     finally:
         await paused.kill()
@@ -129,7 +219,8 @@ async def test_paused_worker_writes_no_approval_after_takeover(
     one whose approval create is on its way to PostgreSQL. Another worker
     takes both over; only then does PostgreSQL run the create. It must be
     refused there, by the statement itself (the paused worker can check
-    nothing), and the approval the new owner waits on must stay its own."""
+    nothing), and the approvals the new owner waits on must stay its own:
+    the waiting run's, and the one it asks for when it resumes the other."""
     paused = WorkerProcess(settings, tmp_path / "a.log")
     # One connection, so the second create goes out on the connection the
     # first one was prepared on: PostgreSQL then has the whole statement (not
@@ -172,7 +263,9 @@ async def test_paused_worker_writes_no_approval_after_takeover(
                     await wait_until(taken_over)
                     await hold.rollback()  # the zombie's create runs now
                     held = False
-                    evs = await read_run(client, creating)  # ended by the new owner
+                    # Resumed by the new owner, which asks for its own approval.
+                    req_c = await wait_event(client, creating, "approval_required")
+                    assert isinstance(req_c, events.ApprovalRequired)
                     resumed = await wait_event(client, waiting, "status")
                     assert isinstance(resumed, events.Status) and resumed.code == "resumed"
                     paused.signal(signal.SIGCONT)
@@ -185,13 +278,22 @@ async def test_paused_worker_writes_no_approval_after_takeover(
 
                     await wait_until(noticed, timeout_s=30)
                     await client.decide(req.approval_id, "approve", "bob", "ok")
+                    await client.decide(req_c.approval_id, "approve", "carol", "ok")
                     waiting_evs = await read_run(client, waiting)
+                    evs = await read_run(client, creating)
             finally:
                 if held:
                     await hold.rollback()
-        # The run whose create was held: ended with worker_lost, no approval.
-        assert of(evs, events.RunError)[0].code == "worker_lost"
-        assert await approvals.open_for_run(pool, creating) == []
+        # The run whose create was held: nothing of the zombie's create; the
+        # one approval is the new owner's, decided by carol and acted on.
+        (c_stored,) = await approvals.open_for_run(pool, creating)
+        assert (c_stored.approval_id, c_stored.decision, c_stored.decided_by) == (
+            req_c.approval_id, "approve", "carol",
+        )  # fmt: skip
+        assert [r.approval_id for r in of(evs, events.ApprovalRequired)] == [req_c.approval_id]
+        sent = [r for r in of(evs, events.ToolResult) if r.tool_call_id == req_c.tool_call_id]
+        assert [r.status for r in sent] == ["ok"]
+        assert evs[-1].status == "completed"  # type: ignore[union-attr]
         assert await client.store.run_head(creating) == (len(evs), True)
         # The waiting one: its approval was decided by bob and acted on.
         (stored,) = await approvals.open_for_run(pool, waiting)

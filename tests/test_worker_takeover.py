@@ -1,19 +1,23 @@
-"""Takeover of a run whose owner died in the middle of an approval: each
-crash window resumes without writing anything twice (real NATS + PostgreSQL;
-the dead owner's state is written by hand, exactly as it would have been)."""
+"""Takeover of a run whose owner died at a durable point or between two:
+each crash window resumes without writing anything twice, or fails when it
+cannot (real NATS + PostgreSQL; the dead owner's state is written by hand,
+exactly as it would have been)."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from broker import approvals, events, ids
 from broker.runtime import Broker
 from broker.settings import Settings
 from broker.store import Ownership
+from workers.metrics import WorkerMetrics
 from workers.model import Message, ToolCall
-from workers.state import AgentState, encode_state
+from workers.state import AgentState, DecidedCall, decode_state, encode_state
+from workers.takeover import TakeoverPlan, plan_takeover
 
 from .helpers import sample
 from .workerkit import of, purge_jobs, read_run, running_worker, wait_event
@@ -138,9 +142,6 @@ async def _wait_request(b: Broker, run_id: str) -> events.ApprovalRequired:
 async def test_stop_audit_after_takeover_names_side_effects_from_the_log(broker: Broker) -> None:
     """A tool with side effects ran after the last checkpoint (none here), then
     the worker died and a stop was requested: the audit still names it."""
-    from workers.metrics import WorkerMetrics
-    from workers.takeover import plan_takeover
-
     sid = await broker.store.create_session("alice")
     run_id = await broker.store.create_run(sid, "alice")
     w = await broker.claim(run_id, "dead-worker")
@@ -158,10 +159,126 @@ async def test_stop_audit_after_takeover_names_side_effects_from_the_log(broker:
     assert own is not None
     plan = await plan_takeover(broker.store, own)
     assert plan.outcome == "aborted"
-    from prometheus_client import CollectorRegistry
-
     await plan.end(broker.store, broker.writer(own),
                    WorkerMetrics(CollectorRegistry(), ["save_note"]), frozenset({"save_note"}))  # fmt: skip
     last = events.decode_stored((await broker.store.run_page(run_id, 0, 100))[-1].payload)
     assert isinstance(last, events.RunEnd) and last.status == "aborted"
     assert last.stop is not None and last.stop.side_effects == ["c1"]
+
+
+_SEARCH = ToolCall(id="call_1_0", name="search_docs", arguments='{"query":"report"}')
+
+
+async def _dead_owner_after_turn(broker: Broker, *, resumes: int = 0) -> tuple[str, Ownership]:
+    """A run whose owner checkpointed its first model turn (one search_docs
+    call pending), then died; `resumes` takeovers since that checkpoint."""
+    sid = await broker.store.create_session("alice")
+    run_id = await broker.store.create_run(sid, "alice", input="tell me about reports")
+    w = await broker.claim(run_id, "dead-worker")
+    await w.append(events.RunStart(input="tell me about reports"))
+    await w.append(events.ToolCallStart(tool_call_id=_SEARCH.id, tool_name=_SEARCH.name))
+    await w.append(events.ToolArgsDelta(tool_call_id=_SEARCH.id, partial_json=_SEARCH.arguments))
+    await w.append(events.ToolCallEnd(tool_call_id=_SEARCH.id))
+    state = AgentState(
+        messages=[
+            Message(role="user", content="tell me about reports"),
+            Message(role="assistant", tool_calls=[_SEARCH]),
+        ],
+        step=1,
+        pending=[_SEARCH],
+        at_seq=await w.flush(),
+        resumes=resumes,
+    )
+    assert await broker.store.save_checkpoint(run_id, w.epoch, encode_state(state), "running")
+    return run_id, Ownership(run_id, sid, w.epoch, w.last_seq)
+
+
+async def _expire(broker: Broker, run_id: str) -> Ownership:
+    await broker.store.pool.execute(
+        "UPDATE runs SET lease_until = now() - interval '1 minute' WHERE run_id = $1", run_id
+    )
+    own = await broker.store.claim_expired(run_id, "survivor", 10.0)
+    assert own is not None
+    return own
+
+
+async def _carry_out(broker: Broker, own: Ownership, plan: TakeoverPlan) -> list[events.AnyEvent]:
+    """End the run as its new owner would (a resumed one: as if it finished),
+    so no later test's worker finds it; its log."""
+    w = broker.writer(own)
+    if plan.run:
+        await w.append(events.RunEnd(status="completed"))
+        await w.flush()
+    else:
+        await plan.end(broker.store, w, WorkerMetrics(CollectorRegistry(), []))
+    return [
+        events.decode_stored(e.payload) for e in await broker.store.run_page(own.run_id, 0, 100)
+    ]
+
+
+@pytest.mark.parametrize(("resumes", "outcome"), [(2, "resumed"), (3, "failed")])
+async def test_takeovers_without_a_durable_point_between_are_bounded(
+    broker: Broker, resumes: int, outcome: str
+) -> None:
+    """agent_max_resumes (3) takeovers since the last checkpoint resume; the
+    next one fails the run (a run that kills its worker each time)."""
+    run_id, _ = await _dead_owner_after_turn(broker, resumes=resumes)
+    own = await _expire(broker, run_id)
+    plan = await plan_takeover(broker.store, own, max_resumes=3)
+    assert (plan.outcome, plan.run) == (outcome, outcome == "resumed")
+    state = decode_state(await broker.store.load_checkpoint(run_id) or b"")
+    assert state is not None
+    # A resume is counted in the checkpoint (under the new owner's epoch).
+    assert state.resumes == (resumes + 1 if outcome == "resumed" else resumes)
+    evs = await _carry_out(broker, own, plan)
+    if outcome == "failed":
+        err = evs[-2]
+        assert isinstance(err, events.RunError) and err.code == "worker_lost"
+
+
+async def test_takeover_after_a_tool_result_past_the_checkpoint_fails(broker: Broker) -> None:
+    """The tool's result is in the log but not in the checkpoint (the owner
+    died between the two): it ran, must not run again, and its output for
+    the model is lost — the run cannot be resumed."""
+    run_id, own = await _dead_owner_after_turn(broker)
+    w = broker.writer(own)
+    await w.append(events.Progress(label="searching", done=1, total=1))
+    await w.append(events.ToolResult(tool_call_id=_SEARCH.id, status="ok", summary="3 docs"))
+    await w.flush()
+    own = await _expire(broker, run_id)
+    plan = await plan_takeover(broker.store, own, max_resumes=3)
+    assert (plan.outcome, plan.run) == ("failed", False)
+    err, end = (await _carry_out(broker, own, plan))[-2:]
+    assert isinstance(err, events.RunError) and err.code == "worker_lost"
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+
+
+async def test_takeover_after_the_decision_runs_the_tool_without_asking_again(
+    settings: Settings,
+) -> None:
+    """The owner logged the decision and checkpointed it, then died before
+    the approved tool started: the new owner runs it, asks nobody again."""
+    async with running_worker(settings) as (b, w):
+        await purge_jobs(b)
+        run_id, approval_id, state = await _dead_owner_waiting(
+            b, logged=("approval_required", "approval_decided")
+        )
+        info = await b.store.get_run(run_id)
+        state.approval_id = ""
+        state.decided = DecidedCall(call_id="call_2_0", decision="approve", decided_by="bob")
+        state.at_seq = info.last_seq
+        assert await b.store.save_checkpoint(
+            run_id, info.owner_epoch, encode_state(state), "running"
+        )
+        await _die(b, run_id)
+        evs = await read_run(b, run_id)
+    assert (
+        w.metrics is not None
+        and sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    )
+    assert [r.approval_id for r in of(evs, events.ApprovalRequired)] == [approval_id]
+    assert len(of(evs, events.ApprovalDecided)) == 1
+    sent = [r for r in of(evs, events.ToolResult) if r.tool_call_id == "call_2_0"]
+    assert [r.status for r in sent] == ["ok"]  # ran exactly once
+    assert "the summary was sent" in "".join(d.delta for d in of(evs, events.TextDelta))
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]

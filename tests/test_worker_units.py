@@ -24,7 +24,7 @@ from workers.model import (
     ToolCallBegin,
     ToolCallDone,
 )
-from workers.state import AgentState, decode_state, encode_state
+from workers.state import AgentState, DecidedCall, decode_state, encode_state
 from workers.tools import Tool, ToolOutput, load_tools
 
 
@@ -113,6 +113,9 @@ def test_checkpoint_round_trip_and_junk() -> None:
         approval_id="ap_x",
         at_seq=42,
         side_effects=["c0"],
+        decided=DecidedCall(call_id="c1", decision="approve", decided_by="bob"),
+        started="c1",
+        resumes=2,
     )
     assert decode_state(encode_state(state)) == state
     assert decode_state(b"not json") is None

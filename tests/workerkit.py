@@ -19,7 +19,9 @@ from broker import events
 from broker.constants import JOBS_STREAM
 from broker.runtime import Broker
 from broker.settings import Settings
-from workers.model import ModelAdapter
+from workers.adapters.scripted import ScriptedAdapter
+from workers.model import Message, ModelAdapter, ModelRequest, TextChunk
+from workers.tools import Tool, ToolContext, ToolOutput
 from workers.worker import Worker
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,6 +127,14 @@ def text_of(evs: list[events.AnyEvent]) -> str:
     return "".join(e.delta for e in of(evs, events.TextDelta))
 
 
+async def scripted_text(input: str) -> str:
+    """What the scripted model answers to `input` (as fast as it can)."""
+    stream = ScriptedAdapter(tokens_per_s=0).stream(
+        ModelRequest(messages=[Message(role="user", content=input)])
+    )
+    return "".join([item.text async for item in stream if isinstance(item, TextChunk)])
+
+
 async def wait_until(pred: Any, timeout_s: float = 30.0, interval_s: float = 0.05) -> None:
     async with asyncio.timeout(timeout_s):
         while not await pred():
@@ -182,3 +192,48 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(timeout_s):
             return await self.proc.wait()
+
+
+# -- tools that count their executions (setting `tools`, in-process or in a
+# `runlog worker` subprocess): a takeover must not run a finished call again.
+
+TOOL_LOG_ENV = "RUNLOG_TEST_TOOL_LOG"  # the file each execution adds a line to
+
+
+def tool_runs(path: Path) -> list[str]:
+    """One "<tool> <tool_call_id>" per execution started, in order."""
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _record(name: str, ctx: ToolContext) -> bool:
+    """Log one execution of `name`; whether it is its first."""
+    path = Path(os.environ[TOOL_LOG_ENV])
+    first = not any(r.startswith(f"{name} ") for r in tool_runs(path))
+    with path.open("a") as f:
+        f.write(f"{name} {ctx.tool_call_id}\n")
+    return first
+
+
+async def _counted_search(args: dict[str, object], ctx: ToolContext) -> ToolOutput:
+    if _record("search_docs", ctx):  # the first execution hangs: the test kills its worker
+        await ctx.progress("searching the docs", 1, 2)
+        await asyncio.sleep(3600)
+    return ToolOutput("Found 3 documents", raw="[]")
+
+
+async def _counted_note(args: dict[str, object], ctx: ToolContext) -> ToolOutput:
+    _record("save_note", ctx)
+    return ToolOutput("Saved a note", raw="saved")
+
+
+_SEARCH = Tool(name="search_docs", description="search (counted)", fn=_counted_search)
+# search_docs may run again; save_note (a write) must not.
+COUNTED_TOOLS = [
+    _SEARCH,
+    Tool(
+        name="save_note", description="save (counted)", fn=_counted_note, risk="medium",
+        side_effects=True, retryable=False,
+    ),
+]  # fmt: skip
+# search_docs as a write that must not run twice.
+FRAGILE_TOOLS = [dataclasses.replace(_SEARCH, side_effects=True, retryable=False)]

@@ -15,6 +15,13 @@ Contract (what a run's log looks like when a worker runs it):
   `aborted` (after `interrupt_requested`, with the stop audit) or `failed`
   (after `run_error` with a stable code). Nothing is appended by a worker
   that lost ownership: it just stops (the new owner ends or resumes the run).
+- The state is checkpointed at every durable point (`state.py`): after a
+  turn that called tools, after each tool result, around approvals. A run
+  resumed by a takeover first retracts the dead owner's events after the
+  checkpoint (`resume.py`: `message_reset`, `tool_result` skipped), appends
+  `status` "resumed", then goes on from the checkpoint: a model turn that
+  was in flight is made again, finished tool calls are not. A turn without
+  tool calls is not checkpointed: `run_end` follows it at once.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ from .model import (
     ToolCallDone,
     Usage,
 )
+from .resume import retract
 from .state import AgentState, ResumePoint
-from .toolstep import append_request, run_tool_call, wait_and_record
+from .toolstep import append_request, checkpoint, run_tool_call, wait_and_record
 
 log = logging.getLogger(__name__)
 
@@ -139,23 +147,32 @@ class Agent:
                 )
             )
             self._observe_first_event()
-        if ctx.settings.system_prompt:
-            self.state.messages.append(Message(role="system", content=ctx.settings.system_prompt))
-        self.state.messages.append(Message(role="user", content=run.input))
+        self.state.messages = self._first_messages()
+
+    def _first_messages(self) -> list[Message]:
+        system = self.ctx.settings.system_prompt
+        first = [Message(role="system", content=system)] if system else []
+        return [*first, Message(role="user", content=self.ctx.run.input)]
 
     async def _resume(self, state: AgentState, resume: ResumePoint) -> None:
-        """Continue a run taken over while it waited for an approval."""
+        """Continue a run taken over from its checkpoint (`takeover.py`)."""
         ctx = self.ctx
         self.state = state
         ctx.start_clock(state.active_s)
-        ctx.produced_output = state.at_seq > 1
+        if not state.messages:  # taken over before its first durable point
+            state.messages = self._first_messages()
+        ctx.produced_output = state.at_seq > 1 or any(
+            isinstance(e, events.TextDelta | events.ReasoningDelta | events.ToolCallStart)
+            for e in resume.tail
+        )
+        # Its first token and card were (or will never be) timed by the first owner.
+        self._first_token = self._first_tool = ctx.produced_output
+        await retract(ctx.writer, list(resume.tail))
         await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
         if state.approval_id and state.pending:
             if not resume.requested:  # the old owner died before it was logged
                 await append_request(ctx, state)
-            decision = await wait_and_record(ctx, state, logged=resume.decided)
-            await run_tool_call(ctx, state, state.pending[0], decision)
-            state.pending.pop(0)
+            await wait_and_record(ctx, state, logged=resume.decided)
         await self._run_pending()
         await self._loop()
 
@@ -208,6 +225,7 @@ class Agent:
                     )
                 return
             state.pending = calls
+            await checkpoint(ctx, state)
             await self._run_pending()
 
     async def _run_pending(self) -> None:
@@ -215,6 +233,9 @@ class Agent:
         while state.pending:
             await run_tool_call(self.ctx, state, state.pending[0])
             state.pending.pop(0)
+            state.decided = None
+            state.started = ""
+            await checkpoint(self.ctx, state)
             self.ctx.check_halt()  # a tool that could not be cancelled has finished
 
     async def _stream_turn(self, request: ModelRequest, turn: _Turn) -> None:

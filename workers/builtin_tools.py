@@ -1,8 +1,9 @@
 """Demo tools, one per risk level (the default of the `tools` setting).
 
 They touch nothing outside the process: `send_message` and `save_note` only
-pretend, but are marked with side effects so stops and approvals treat them
-as real ones would be.
+pretend, but are marked with side effects, and as not retryable (sent or
+saved twice is not the same as once), so stops, approvals and takeovers treat
+them as real ones would be.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ TOOLS = [
         risk="medium",
         cancellable=False,
         side_effects=True,
+        retryable=False,
     ),
     Tool(
         name="send_message",
@@ -103,5 +105,6 @@ TOOLS = [
         risk="high",
         cancellable=False,
         side_effects=True,
+        retryable=False,
     ),
 ]

@@ -14,6 +14,10 @@ CODES: dict[str, tuple[bool, str]] = {
     "run_timeout": (False, "the run took longer than its time limit"),
     "model_timeout": (True, "the model sent nothing for too long"),
     "tool_timeout": (True, "a tool took longer than its time limit"),
+    "tool_interrupted": (
+        False,
+        "a tool that must not run twice was running when its worker stopped",
+    ),
     "step_limit": (False, "the run reached its limit of model turns"),
     "model_not_allowed": (False, "the model this run asked for is not allowed here"),
     "internal": (True, "internal error in the worker"),

@@ -8,24 +8,32 @@ The new owner holds a higher epoch, so the old one, if it is still alive
 | nothing in its log yet (the owner died before `run_start` committed), at most two restarts | `restarted`: executed from the start |
 | checkpointed while waiting for an approval, and the log after the checkpoint holds only that approval's events | `resumed`: waits for (or finds) the decision, then goes on |
 | a stop was requested | `aborted`: `interrupt_requested` + `run_end` aborted, with the audit |
-| anything else (it was streaming or running a tool) | `failed`: `run_error` worker_lost (retryable) + `run_end` failed |
+| the log after its checkpoint (or after `run_start`, with none) can be retracted, and fewer than `agent_max_resumes` takeovers since that checkpoint | `resumed`: the tail retracted, then on from the checkpoint (`agent.py`) — or `failed` with `tool_interrupted` if a tool that is not retryable had started |
+| anything else (a `tool_result` after the checkpoint, too many resumes, an unreadable checkpoint) | `failed`: `run_error` worker_lost (retryable) + `run_end` failed |
 
-A half-streamed model turn cannot be resumed (the provider's stream is
-gone), and a tool that may have run must not run twice, hence `failed`.
+The tail (`resume.py`) is the dead owner's work in flight: text of a model
+turn it was streaming (`message_reset`), tool cards it opened (`tool_result`
+skipped). A `tool_result` there means a tool ran whose result the checkpoint
+does not hold (the owner died between the two writes): it must not run
+again and cannot be fed to the model, hence `failed`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
-from broker import approvals, events
+from broker import approvals, errors, events
 from broker.log import RunWriter
 from broker.store import Ownership, Store
 
 from .errors import RunFailure
 from .metrics import WorkerMetrics
+from .resume import read_tail, unretractable
 from .signals import DecisionInfo
-from .state import AgentState, ResumePoint, decode_state
+from .state import AgentState, ResumePoint, decode_state, encode_state
+
+log = logging.getLogger(__name__)
 
 # claim_queued gives epoch 1; restarts of an empty run stop after epoch 3,
 # so a run that kills its worker before its first event cannot loop forever.
@@ -80,7 +88,8 @@ class TakeoverPlan(NamedTuple):
         await writer.flush()
 
 
-async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
+async def plan_takeover(store: Store, own: Ownership, *, max_resumes: int = 3) -> TakeoverPlan:
+    """`max_resumes`: setting `agent_max_resumes`."""
     stop = await store.interrupt_request(own.run_id)
     raw = await store.load_checkpoint(own.run_id)
     state = decode_state(raw) if raw else None
@@ -95,7 +104,51 @@ async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
         and (resume := await _approval_tail(store, own, state)) is not None
     ):
         return TakeoverPlan("resumed", True, state, stop, resume)
-    return TakeoverPlan("aborted" if stop else "failed", False, state, stop, None)
+    if stop:
+        return TakeoverPlan("aborted", False, state, stop, None)
+    if own.last_seq == 0:
+        why = "nothing logged, and restarted too often"
+    elif raw and state is None:
+        why = "its checkpoint cannot be read"
+    else:
+        plan = await _resume_plan(store, own, state, max_resumes)
+        if isinstance(plan, TakeoverPlan):
+            return plan
+        why = plan
+    log.info("run %s: cannot be resumed (%s)", own.run_id, why)
+    return TakeoverPlan("failed", False, state, stop, None)
+
+
+async def _resume_plan(
+    store: Store, own: Ownership, state: AgentState | None, max_resumes: int
+) -> TakeoverPlan | str:
+    """Resume from the checkpoint (`state`, or none: from `run_start`) if the
+    tail after it can be retracted, counting the resume in the checkpoint;
+    else why not."""
+    if state is None:
+        head = await store.run_page(own.run_id, 0, 1)
+        start = events.decode_stored(head[0].payload) if head else None
+        if not isinstance(start, events.RunStart):
+            return "its log does not begin with run_start"
+        state = AgentState(at_seq=start.seq, trace_id=start.trace_id)
+    if state.approval_id:
+        # A run checkpointed waiting: only the approval rule may resume it;
+        # a tail other than that approval's events is no state of ours.
+        return "an approval wait with other events after it"
+    if own.last_seq < state.at_seq:
+        return f"its log ends at seq {own.last_seq}, before its checkpoint"
+    if state.resumes >= max_resumes:
+        return f"{state.resumes} takeovers since its last checkpoint"
+    tail = await read_tail(store, own.run_id, state.at_seq)
+    if (why := unretractable(tail)) is not None:
+        return why
+    state.resumes += 1
+    if not await store.save_checkpoint(own.run_id, own.epoch, encode_state(state), "running"):
+        raise errors.StaleEpoch(f"run {own.run_id}: taken over again meanwhile")
+    # A tool that must not run twice had started: the resumed run fails it
+    # (tool_interrupted), after retracting the tail like any resumed run.
+    outcome = "failed" if state.started else "resumed"
+    return TakeoverPlan(outcome, True, state, None, ResumePoint(False, None, tuple(tail)))
 
 
 async def _approval_tail(store: Store, own: Ownership, state: AgentState) -> ResumePoint | None:

@@ -16,6 +16,14 @@ to finish (within the tool timeout) before the run stops. `side_effects`
 marks tools that change something outside the run: the stop audit lists the
 calls of such tools that had started.
 
+`retryable` says whether a call may run again when its worker died while it
+ran (a takeover resumes the run, docs/workers.md): a tool that is safe to
+repeat (reads, idempotent writes) keeps the default; mark non-idempotent
+side-effecting tools (send, pay, append) `retryable=False` — an interrupted
+call of such a tool is never run again: the run fails `tool_interrupted`.
+Calls that finished (their `tool_result` is durable) never run again either
+way.
+
 Tools are registered by import path (setting `tools`: comma-separated
 `module:attr`, each attribute a Tool or a list of Tools).
 """
@@ -65,6 +73,7 @@ class Tool:
     risk: RiskLevel = "low"
     cancellable: bool = True
     side_effects: bool = False
+    retryable: bool = True
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)

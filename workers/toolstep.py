@@ -9,8 +9,8 @@ Approval, step by step (every step survives the worker's death):
 3. `approval_required` is appended and flushed;
 4. the worker waits for the decision: the control message, a poll of
    PostgreSQL every `approval_poll_s`, or the expiry;
-5. `approval_decided` is appended and flushed, then the checkpoint cleared
-   (status back to `running`);
+5. `approval_decided` is appended and flushed, then the decision is
+   checkpointed (`decided`; status back to `running`);
 6. approve → the tool runs; reject → tool_result `denied`; expired →
    tool_result `skipped` ("approval expired"). The run goes on either way.
 
@@ -18,8 +18,13 @@ A takeover finds the checkpoint and what the log holds after its seq: only
 `approval_required` and `approval_decided` (and `status`) there means steps
 3-5 were in flight, and the run resumes: the request is appended if missing,
 the logged decision is used if present (never written twice), else it waits.
-Anything else there (the tool started) ends the run with `worker_lost`; with
-no checkpoint (cleared at step 5) likewise. So a tool never runs twice.
+After step 5 the decision comes from the checkpoint: nobody is asked again.
+
+Execution: a tool that is not `retryable` is checkpointed as `started` just
+before it runs, so a takeover never runs it again (the run fails
+`tool_interrupted`); a retryable one interrupted by its worker's death runs
+again on the new owner. Each result is logged, flushed, then checkpointed
+(`checkpoint`), so a call whose result is durable never runs twice.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from .context import Released, RunContext, Stopped
 from .errors import RunFailure, ToolError
 from .model import Message, ToolCall
 from .signals import DecisionInfo
-from .state import AgentState, encode_state
+from .state import AgentState, DecidedCall, encode_state
 from .tools import Tool, ToolOutput
 
 
@@ -60,6 +65,13 @@ async def run_tool_call(
 ) -> None:
     """Run one call of `state.pending`; its result is appended to the log and
     to the conversation. Raises Stopped, Released or RunFailure."""
+    if state.started == call.id:
+        # It started on a worker that died (a takeover resumed the run), and
+        # it must not run twice: whether it acted is unknown.
+        await _result(ctx, state, call, "error", "interrupted: its worker stopped while it ran")
+        raise RunFailure("tool_interrupted")
+    if decided is None and state.decided is not None and state.decided.call_id == call.id:
+        decided = state.decided.info()  # decided before a takeover: not asked again
     tool = ctx.registry.get(call.name)
     if tool is None:
         await _result(ctx, state, call, "error", f"unknown tool {call.name!r}")
@@ -97,6 +109,9 @@ async def _execute(
     ctx.check_halt()
     if tool.side_effects:
         state.side_effects.append(call.id)
+    if not tool.retryable:
+        state.started = call.id
+        await checkpoint(ctx, state)
     t0 = time.monotonic()
     try:
         out = await ctx.guard(
@@ -174,10 +189,7 @@ async def request_approval(
     )
     # The checkpoint records where the log ends before approval_required, so
     # a takeover can tell what of the approval made it into the log.
-    state.at_seq = await ctx.writer.flush()
-    state.active_s = ctx.used_s()
-    if not await _checkpoint(ctx, encode_state(state), "waiting_approval"):
-        raise errors.StaleEpoch(f"run {ctx.run.run_id}: ownership lost before the checkpoint")
+    await checkpoint(ctx, state, "waiting_approval")
     await append_request(ctx, state)
     return await wait_and_record(ctx, state)
 
@@ -194,11 +206,18 @@ async def append_request(ctx: RunContext, state: AgentState) -> None:
     await ctx.writer.flush()
 
 
-async def _checkpoint(ctx: RunContext, data: bytes | None, status: str) -> bool:
+async def checkpoint(ctx: RunContext, state: AgentState, status: str = "running") -> None:
+    """A durable point: flush the log, then store `state` as of that seq
+    (fenced by the epoch: StaleEpoch if another worker owns the run)."""
     w = ctx.writer
-    return await ctx.write(
+    state.at_seq = await w.flush()
+    state.active_s = ctx.used_s()
+    state.resumes = 0
+    data = encode_state(state)
+    if not await ctx.write(
         lambda: ctx.store.save_checkpoint(w.run_id, w.epoch, data, status), "checkpoint"
-    )
+    ):
+        raise errors.StaleEpoch(f"run {w.run_id}: ownership lost at a checkpoint")
 
 
 async def wait_and_record(
@@ -226,10 +245,14 @@ async def wait_and_record(
                 comment=decision.comment,
             )
         )
-        await ctx.writer.flush()
     state.approval_id = ""
-    if not await _checkpoint(ctx, None, "running"):
-        raise errors.StaleEpoch(f"run {ctx.run.run_id}: ownership lost after the decision")
+    state.decided = DecidedCall(
+        call_id=state.pending[0].id,
+        decision=decision.decision,
+        decided_by=decision.decided_by,
+        comment=decision.comment,
+    )
+    await checkpoint(ctx, state)
     return decision
 
 

@@ -439,7 +439,7 @@ class Worker:
                 if self._agent is not None:
                     plan = await plan_agent_takeover(store, own)
                 else:
-                    plan = await plan_takeover(store, own)
+                    plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
                 log.info("run %s: taken over (%s)", run_id, plan.outcome)
                 if plan.run:
                     self._spawn(own, plan.state, plan.resume, resumed=plan.outcome == "resumed")
