@@ -56,13 +56,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
-import msgspec
 
 from broker import events
 from broker.log import RunWriter
@@ -77,7 +76,7 @@ from ._procs import Meter, WorkerProc
 
 _API_AGENT = "bench._agents:agent"
 _BUILTIN: dict[str, object] = {"model_adapter": "scripted", "scripted_tokens_per_s": 0}
-_WARMUP_EVENTS = 20
+_SHORT_EVENTS = 20  # the warm-up's and the short runs' text deltas
 _TIMEOUT_S = 120.0
 
 
@@ -156,7 +155,6 @@ _API_CASES: tuple[tuple[str, _agents.Mode], ...] = (("b", "text"), ("b2", "step"
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     cases, skipped = _frameworks(args.frameworks)
-    n = args.events
     per_trial: list[dict[str, Any]] = [{} for _ in range(args.trials)]
     async with _lib.stack(args.work_dir) as st:
         versions = await _lib.server_versions(st)
@@ -166,12 +164,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for trial, t in enumerate(per_trial):
                 label = f"trial {trial + 1}:"
                 async with _worker(st, meter, args, _BUILTIN) as wk:
-                    t["a"] = r = await _runs(b, meter, wk, args, [_agents.builtin_input(n)])
+                    t["a"] = r = await _runs(b, meter, wk, args, _agents.builtin_input)
                     progress(f"{label} (a) built-in loop: {_line(r)}")
                 async with _worker(st, meter, args, {"agent": _API_AGENT}) as wk:
                     for key, mode in _API_CASES:
-                        inp = _agents.api_input(n, mode, args.per_step)
-                        t[key] = r = await _runs(b, meter, wk, args, [inp])
+                        make = functools.partial(_api_input, mode=mode, per_step=args.per_step)
+                        t[key] = r = await _runs(b, meter, wk, args, make)
                         progress(f"{label} ({key}) API agent, {mode}: {_line(r)}")
                 if not args.no_raw:
                     t["c"] = r = await _raw(b, meter, args)
@@ -189,6 +187,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "figures": _figures(per_trial, args, cases),
         "trials": per_trial,
     }
+
+
+def _api_input(n: int, *, mode: _agents.Mode, per_step: int) -> str:
+    return _agents.api_input(n, mode, per_step)
 
 
 def _frameworks(spec: str) -> tuple[list[FrameworkCase], dict[str, str]]:
@@ -235,36 +237,27 @@ async def _runs(
     meter: Meter,
     wk: WorkerProc,
     args: argparse.Namespace,
-    inputs: list[str],
+    make_input: Callable[[int], str],
     *,
     exact: bool = True,
 ) -> dict[str, Any]:
-    """--rounds waves of --runs runs with `inputs` (cycled), each wave started
-    at once when the last one has ended; timed from the first start to the
-    last end.
+    """A warm-up wave of short runs; then, measured, --rounds waves of --runs
+    runs of `make_input(--events)`, each wave started at once when the last
+    one has ended, timed from the first start to the last end; then as many
+    waves of short runs (`make_input(_SHORT_EVENTS)`), timed apart: with the
+    two run lengths, the worker's CPU splits into a part per run and a part
+    per text delta (a straight line through the two points).
 
-    Every run must end `completed` with --events text deltas and (`exact`)
-    no other events than run_start and run_end."""
+    Every run must end `completed` with its text deltas and (`exact`) no
+    other events than run_start and run_end."""
     n = args.events
-    await _warm_up(b, wk, args, inputs)
-    waves = [
-        [await b.store.create_session(USER, "bench agents") for _ in range(args.runs)]
-        for _ in range(args.rounds)
-    ]
-    run_ids: list[str] = []
+    await _waves(b, wk, args, make_input(_SHORT_EVENTS), 1)
     timer = Timer(meter)
-    timer.start()
-    for sessions in waves:
-        wave = await asyncio.gather(
-            *(
-                b.start_run(sid, USER, input=inputs[i % len(inputs)])
-                for i, sid in enumerate(sessions)
-            )
-        )
-        await _wait_ended(b, wk, wave)
-        run_ids += wave
-    timer.stop()
+    run_ids = await _waves(b, wk, args, make_input(n), args.rounds, timer)
     total = await _check(b, wk, run_ids, n, exact)
+    short = Timer(meter)
+    short_ids = await _waves(b, wk, args, make_input(_SHORT_EVENTS), args.rounds, short)
+    await _check(b, wk, short_ids, _SHORT_EVENTS, exact)
     spans = sorted(
         float(v)
         for v in await b.store.pool.fetchval(
@@ -273,9 +266,10 @@ async def _runs(
             run_ids,
         )
     )
+    long_run_us = timer.cpu_s["worker"] * 1e6 / len(run_ids)
+    short_run_us = short.cpu_s["worker"] * 1e6 / len(short_ids)
+    per_delta_us = (long_run_us - short_run_us) / (n - _SHORT_EVENTS)
     return {
-        "run_span_p50_ms": _lib.quantile(spans, 0.5),
-        "run_span_p99_ms": _lib.quantile(spans, 0.99),
         "events": total,
         "text_deltas": n * len(run_ids),
         "events_s": total / timer.wall_s,
@@ -286,27 +280,37 @@ async def _runs(
         "pg_us_per_event": timer.us_per(total, "postgres"),
         "nats_us_per_event": timer.us_per(total, "nats"),
         "pg_cpu_s": timer.cpu_s.get("postgres", float("nan")),
-        "others_cpu_cores": timer.others_cores(),
+        "others_cpu_cores": max(timer.others_cores(), short.others_cores()),
+        "run_span_p50_ms": _lib.quantile(spans, 0.5),
+        "run_span_p99_ms": _lib.quantile(spans, 0.99),
+        "worker_us_per_run_fixed": short_run_us - _SHORT_EVENTS * per_delta_us,
+        "worker_us_per_delta_marginal": per_delta_us,
     }
 
 
-async def _warm_up(b: Broker, wk: WorkerProc, args: argparse.Namespace, inputs: list[str]) -> None:
-    """A round of short runs: the worker's pools, caches and code paths warm."""
-    short = [_shorten(i) for i in inputs]
-    sessions = [await b.store.create_session(USER, "bench warm-up") for _ in range(args.runs)]
-    run_ids = await asyncio.gather(
-        *(b.start_run(sid, USER, input=short[i % len(short)]) for i, sid in enumerate(sessions))
-    )
-    await _wait_ended(b, wk, run_ids)
-
-
-def _shorten(inp: str) -> str:
-    if inp.startswith("echo:"):
-        return _agents.builtin_input(_WARMUP_EVENTS)
-    if inp.startswith("{"):
-        spec = msgspec.json.decode(inp, type=_agents.Spec)
-        return _agents.api_input(_WARMUP_EVENTS, spec.mode, spec.per_step)
-    return str(_WARMUP_EVENTS)
+async def _waves(
+    b: Broker,
+    wk: WorkerProc,
+    args: argparse.Namespace,
+    inp: str,
+    rounds: int,
+    timer: Timer | None = None,
+) -> list[str]:
+    """`rounds` waves of --runs runs (one session each, created first)."""
+    waves = [
+        [await b.store.create_session(USER, "bench agents") for _ in range(args.runs)]
+        for _ in range(rounds)
+    ]
+    run_ids: list[str] = []
+    if timer is not None:
+        timer.start()
+    for sessions in waves:
+        wave = await asyncio.gather(*(b.start_run(sid, USER, input=inp) for sid in sessions))
+        await _wait_ended(b, wk, wave)
+        run_ids += wave
+    if timer is not None:
+        timer.stop()
+    return run_ids
 
 
 async def _wait_ended(b: Broker, wk: WorkerProc, run_ids: list[str]) -> None:
@@ -346,7 +350,29 @@ async def _check(b: Broker, wk: WorkerProc, run_ids: list[str], n: int, exact: b
 
 
 async def _raw(b: Broker, meter: Meter, args: argparse.Namespace) -> dict[str, Any]:
-    """The runs' events through `RunWriter.append` in this process."""
+    """The runs' events through `RunWriter.append` in this process; then the
+    short runs, timed apart, as `_runs` does."""
+    timer, short = Timer(meter), Timer(meter)
+    await _raw_waves(b, args, args.events, timer)
+    await _raw_waves(b, args, _SHORT_EVENTS, short)
+    runs = args.rounds * args.runs
+    n = runs * (args.events + 2)
+    long_run_us = timer.cpu_s["client"] * 1e6 / runs
+    short_run_us = short.cpu_s["client"] * 1e6 / runs
+    per_delta_us = (long_run_us - short_run_us) / (args.events - _SHORT_EVENTS)
+    return {
+        "events": n,
+        "events_s": n / timer.wall_s,
+        "us_per_event": timer.us_per(n, "client"),
+        "pg_us_per_event": timer.us_per(n, "postgres"),
+        "nats_us_per_event": timer.us_per(n, "nats"),
+        "others_cpu_cores": max(timer.others_cores(), short.others_cores()),
+        "us_per_run_fixed": short_run_us - _SHORT_EVENTS * per_delta_us,
+        "us_per_delta_marginal": per_delta_us,
+    }
+
+
+async def _raw_waves(b: Broker, args: argparse.Namespace, n: int, timer: Timer) -> None:
     waves = []
     for _ in range(args.rounds):
         wave = []
@@ -354,21 +380,11 @@ async def _raw(b: Broker, meter: Meter, args: argparse.Namespace) -> dict[str, A
             sid = await b.store.create_session(USER, "bench agents raw")
             wave.append(await b.store.create_run(sid, USER, model="bench"))
         waves.append(wave)
-    pieces = _agents.deltas(args.events)
-    timer = Timer(meter)
+    pieces = _agents.deltas(n)
     timer.start()
     for wave in waves:
         await asyncio.gather(*(_raw_run(b, run_id, pieces) for run_id in wave))
     timer.stop()
-    n = args.rounds * args.runs * (args.events + 2)
-    return {
-        "events": n,
-        "events_s": n / timer.wall_s,
-        "us_per_event": timer.us_per(n, "client"),
-        "pg_us_per_event": timer.us_per(n, "postgres"),
-        "nats_us_per_event": timer.us_per(n, "nats"),
-        "others_cpu_cores": timer.others_cores(),
-    }
 
 
 async def _raw_run(b: Broker, run_id: str, pieces: list[str]) -> None:
@@ -390,7 +406,7 @@ async def _framework(
     st: Stack, b: Broker, meter: Meter, case: FrameworkCase, args: argparse.Namespace
 ) -> dict[str, Any]:
     n, runs = args.events, args.runs
-    await case.bare(min(runs, 10), _WARMUP_EVENTS)
+    await case.bare(min(runs, 10), _SHORT_EVENTS)
     # This process's CPU time at ns resolution: a bare run may take less
     # CPU than psutil's 10 ms ticks resolve.
     c0, t0 = time.process_time(), time.perf_counter()
@@ -402,7 +418,7 @@ async def _framework(
         raise RuntimeError(f"framework {case.name}: bare produced {produced} tokens, "
                            f"not {args.rounds} x {runs} x {n}")  # fmt: skip
     async with _worker(st, meter, args, case.worker) as wk:
-        r = await _runs(b, meter, wk, args, [case.input(n)], exact=False)
+        r = await _runs(b, meter, wk, args, case.input, exact=False)
     tokens = r["text_deltas"]
     r.update(
         bare_us_per_token=bare_cpu_s * 1e6 / produced,
@@ -431,20 +447,20 @@ def _figures(
     def col(which: str, key: str) -> list[float]:
         return [float(t[which][key]) for t in per_trial]
 
-    sec = (f"{args.runs} concurrent runs x {n} text deltas ({args.rounds} waves), one worker "
-           f"process (per committed event: {n} + run_start + run_end per run)")  # fmt: skip
+    sec = (f"{args.runs} concurrent runs x {n} text deltas, {args.rounds} waves, one worker "
+           f"process; per committed event ({n + 2} per run)")  # fmt: skip
     labels = {
-        "a": "(a) built-in loop, scripted adapter",
-        "b": "(b) API agent, ctx.text per delta",
-        "b2": "(b2) API agent, inside one ctx.step",
-        "b3": f"(b3) API agent, one ctx.step per {k} deltas",
+        "a": "(a) built-in loop",
+        "b": "(b) API, ctx.text",
+        "b2": "(b2) API, one step",
+        "b3": f"(b3) API, a step per {k}",
     }
     for key, label in labels.items():
         add(sec, f"{label}: worker CPU", "µs/event", col(key, "worker_us_per_event"))
     for key, label in labels.items():
         add(sec, f"{label}: committed", "events/s", col(key, "events_s"))
     for key, label in labels.items():
-        add(sec, f"{label}: run_start -> run_end p50", "ms", col(key, "run_span_p50_ms"))
+        add(sec, f"{label}: run_start ts -> run_end ts p50", "ms", col(key, "run_span_p50_ms"))
     add(sec, "(b) - (a): the agent API's overhead, worker CPU", "µs/event",
         [t["b"]["worker_us_per_event"] - t["a"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
     add(sec, "(b2) - (b): one step around the run, worker CPU", "µs/event",
@@ -455,6 +471,16 @@ def _figures(
     add(sec, "… PostgreSQL CPU", "µs/step",
         [(t["b3"]["pg_cpu_s"] - t["b"]["pg_cpu_s"]) * 1e6 / (runs * steps)
          for t in per_trial])  # fmt: skip
+    short = _SHORT_EVENTS
+    fit = f"(fit: {n}- vs {short}-delta runs)"
+    for key, label in (("a", labels["a"]), ("b", labels["b"])):
+        add(sec, f"{label}: worker CPU per run {fit}", "µs/run",
+            col(key, "worker_us_per_run_fixed"))  # fmt: skip
+        add(sec, f"{label}: … + worker CPU per text delta", "µs/delta",
+            col(key, "worker_us_per_delta_marginal"))  # fmt: skip
+    if not args.no_raw:
+        add(sec, f"(c) raw: CPU per run {fit}", "µs/run", col("c", "us_per_run_fixed"))
+        add(sec, "(c) raw: … + CPU per text delta", "µs/delta", col("c", "us_per_delta_marginal"))
     for key, label in (("a", labels["a"]), ("b", labels["b"]), ("b3", labels["b3"])):
         add(sec, f"{label}: PostgreSQL CPU", "µs/event", col(key, "pg_us_per_event"))
         add(sec, f"{label}: nats-server CPU", "µs/event", col(key, "nats_us_per_event"))
