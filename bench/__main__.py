@@ -20,7 +20,7 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat")
+SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents")
 
 
 def _load(name: str) -> ModuleType:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from broker import approvals, events
 from broker.runtime import Broker
@@ -20,7 +18,6 @@ from .workerkit import (
     TOOL_LOG_ENV,
     WorkerProcess,
     of,
-    purge_jobs,
     read_run,
     running_worker,
     scripted_text,
@@ -34,17 +31,6 @@ from .workerkit import (
 
 # Short leases for the process that gets killed, so takeovers come quickly.
 _DOOMED = {"worker_lease_s": 2.0}
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(settings: Settings) -> AsyncIterator[Broker]:
-    """A broker with no worker: starts runs, decides, reads."""
-    b = await Broker.connect(settings, name="test-client")
-    await purge_jobs(b)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(

@@ -33,8 +33,9 @@ import secrets
 import time
 from typing import Literal
 
-from broker import approvals, errors, events, ids, models
+from broker import errors, events, ids, models
 
+from . import ending
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure
 from .model import (
@@ -95,9 +96,7 @@ class Agent:
                     await self._loop()
                 else:
                     await self._resume(state, resume or ResumePoint(True, None))
-                await self._end(
-                    events.RunEnd(status="completed", usage=_usage(self.state.usage)), None
-                )
+                await self._end(events.RunEnd(status="completed", usage=_usage(self.state.usage)))
                 return "completed"
             except Stopped:
                 await self._end_aborted()
@@ -300,68 +299,24 @@ class Agent:
 
     # -- ending
 
-    async def _close_pending(self) -> None:
-        """Every tool card gets its result: calls the run ends before are skipped."""
-        ctx = self.ctx
-        # Pending calls of this turn, and cards opened mid-stream (a stop or a
-        # model failure before the turn finished leaves them unlisted).
-        ids_ = [c.id for c in self.state.pending] + ctx.opened
-        for call_id in dict.fromkeys(ids_):
-            if call_id not in ctx.resulted:
-                ctx.resulted.add(call_id)
-                await ctx.append(
-                    events.ToolResult(
-                        tool_call_id=call_id, status="skipped", summary="not run: the run ended"
-                    )
-                )
+    def _pending(self) -> list[str]:
+        return [c.id for c in self.state.pending]
 
-    async def _end(self, last: events.RunEnd, error: events.RunError | None) -> None:
-        ctx = self.ctx
-        if error is not None:
-            await ctx.append(error)
-        if self.state.approval_id:
-            # Ending while waiting: close the approval first, so that once
-            # run_end is visible a late decision gets approval_expired.
-            # Fenced: if another worker owns the run now, StaleEpoch (we stop).
-            await ctx.write(
-                lambda: approvals.close_open_for_run(
-                    ctx.store.pool, ctx.run.run_id, ctx.writer.epoch
-                ),
-                "approval close",
-            )
-        await ctx.append(last)
-        await ctx.writer.flush()
-        ctx.metrics.events_per_run.observe(ctx.writer.last_seq)
+    async def _end(self, last: events.RunEnd) -> None:
+        await ending.close_cards(self.ctx, self._pending())
+        await ending.end(self.ctx, last, waiting=bool(self.state.approval_id))
 
     async def _end_aborted(self) -> None:
-        ctx = self.ctx
-        stop = ctx.signals.stop
-        assert stop is not None
-        await self._close_pending()
-        at_seq = ctx.writer.last_seq
-        await ctx.append(
-            events.InterruptRequested(requested_by=stop.requested_by, reason=stop.reason)
-        )
-        audit = events.StopAudit(
-            requested_by=stop.requested_by,
-            requested_at=stop.requested_at_ms,
-            reason=stop.reason,
-            at_seq=at_seq,
-            step=self.state.step,
-            side_effects=list(self.state.side_effects),
-        )
-        await self._end(
-            events.RunEnd(status="aborted", usage=_usage(self.state.usage), stop=audit), None
-        )
-        if ctx.produced_output:
-            ctx.metrics.partial_persist.inc()
+        s = self.state
+        await ending.end_aborted(
+            self.ctx, _usage(s.usage), step=s.step, side_effects=list(s.side_effects),
+            waiting=bool(s.approval_id), pending=self._pending(),
+        )  # fmt: skip
 
     async def _end_failed(self, f: RunFailure) -> None:
-        await self._close_pending()
-        self.ctx.metrics.errors.labels(self.ctx.metrics.error_label(f.code)).inc()
-        await self._end(
-            events.RunEnd(status="failed", usage=_usage(self.state.usage)),
-            events.RunError(code=f.code, retryable=f.retryable, message=f.message),
+        s = self.state
+        await ending.end_failed(
+            self.ctx, f, _usage(s.usage), waiting=bool(s.approval_id), pending=self._pending()
         )
 
     # -- metrics

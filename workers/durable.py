@@ -42,7 +42,7 @@ from .context import Released, RunContext, Stopped
 from .errors import RunFailure
 from .resume import read_tail, retract, unretractable
 from .signals import DecisionInfo
-from .toolstep import _wait_decision
+from .toolstep import wait_decision
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ class Journal:
         self.clock_changed.set()
         m.approvals_waiting.inc()
         try:
-            decision = await self._ours(_wait_decision(ctx, row.approval_id, row.expires_at))
+            decision = await self._ours(wait_decision(ctx, row.approval_id, row.expires_at))
         finally:
             m.approvals_waiting.dec()
             ctx.resume_clock()

@@ -18,15 +18,16 @@ import logging
 import secrets
 from collections.abc import Awaitable
 
-from broker import approvals, errors, events
+from broker import errors, events
 from broker.store import Ownership, Store
 
+from . import ending
 from .agent import Outcome
 from .api import Agent, AgentContext, AgentError
 from .context import Released, RunContext, Stopped
 from .durable import Journal
 from .errors import RunFailure
-from .takeover import _MAX_RESTART_EPOCH, TakeoverPlan
+from .takeover import MAX_RESTART_EPOCH, TakeoverPlan
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,18 @@ async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
             elif resumed:
                 await journal.prepare()
             await _race(ctx, journal, agent(AgentContext(journal, resumed=resumed)))
-            await _end(ctx, journal, events.RunEnd(status="completed", usage=_usage(journal)))
+            await ending.close_cards(ctx)
+            last = events.RunEnd(status="completed", usage=_usage(journal))
+            await ending.end(ctx, last, waiting=_waiting(journal))
             return "completed"
         except Stopped:
-            await _end_aborted(ctx, journal)
+            step = journal.idx if journal is not None else 0
+            await ending.end_aborted(
+                ctx, _usage(journal), step=step, side_effects=[], waiting=_waiting(journal)
+            )
             return "aborted"
         except RunFailure as f:
-            await _end_failed(ctx, journal, f)
+            await ending.end_failed(ctx, f, _usage(journal), waiting=_waiting(journal))
             return "failed"
         except Released:
             return "released"
@@ -119,55 +125,8 @@ async def _race(ctx: RunContext, journal: Journal, coro: Awaitable[None]) -> Non
     raise RunFailure("agent_error", f"the agent raised {type(e).__name__}")
 
 
-# -- ending (the same shapes as agent.py's)
-
-
-async def _close_pending(ctx: RunContext) -> None:
-    for call_id in dict.fromkeys(ctx.opened):
-        if call_id not in ctx.resulted:
-            ctx.resulted.add(call_id)
-            await ctx.append(
-                events.ToolResult(
-                    tool_call_id=call_id, status="skipped", summary="not run: the run ended"
-                )
-            )
-
-
-async def _end(ctx: RunContext, journal: Journal | None, last: events.RunEnd) -> None:
-    await _close_pending(ctx)
-    if journal is not None and journal.open_approval:
-        # Close it first: once run_end is visible a late decision gets
-        # approval_expired. Fenced: StaleEpoch if another worker owns the run.
-        await ctx.write(
-            lambda: approvals.close_open_for_run(ctx.store.pool, ctx.run.run_id, ctx.writer.epoch),
-            "approval close",
-        )
-    await ctx.append(last)
-    await ctx.writer.flush()
-    ctx.metrics.events_per_run.observe(ctx.writer.last_seq)
-
-
-async def _end_aborted(ctx: RunContext, journal: Journal | None) -> None:
-    stop = ctx.signals.stop
-    assert stop is not None
-    await _close_pending(ctx)
-    at_seq = ctx.writer.last_seq
-    await ctx.append(events.InterruptRequested(requested_by=stop.requested_by, reason=stop.reason))
-    audit = events.StopAudit(
-        requested_by=stop.requested_by,
-        requested_at=stop.requested_at_ms,
-        reason=stop.reason,
-        at_seq=at_seq,
-        step=journal.idx if journal is not None else 0,
-    )
-    await _end(ctx, journal, events.RunEnd(status="aborted", usage=_usage(journal), stop=audit))
-
-
-async def _end_failed(ctx: RunContext, journal: Journal | None, f: RunFailure) -> None:
-    ctx.metrics.errors.labels(ctx.metrics.error_label(f.code)).inc()
-    await _close_pending(ctx)
-    await ctx.append(events.RunError(code=f.code, retryable=f.retryable, message=f.message))
-    await _end(ctx, journal, events.RunEnd(status="failed", usage=_usage(journal)))
+def _waiting(journal: Journal | None) -> bool:
+    return journal is not None and bool(journal.open_approval)
 
 
 def _usage(journal: Journal | None) -> events.Usage:
@@ -206,6 +165,6 @@ async def plan_agent_takeover(store: Store, own: Ownership) -> TakeoverPlan:
     if stop is not None:
         return TakeoverPlan("aborted", False, None, stop, None)
     if own.last_seq == 0:  # died before run_start: again, a few times
-        ok = own.epoch <= _MAX_RESTART_EPOCH
+        ok = own.epoch <= MAX_RESTART_EPOCH
         return TakeoverPlan("restarted" if ok else "failed", ok, None, None, None)
     return TakeoverPlan("resumed", True, None, None, None)

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # claim_queued gives epoch 1; restarts of an empty run stop after epoch 3,
 # so a run that kills its worker before its first event cannot loop forever.
-_MAX_RESTART_EPOCH = 3
+MAX_RESTART_EPOCH = 3
 
 
 # After the checkpoint: approval_required, approval_decided and a few
@@ -94,7 +94,7 @@ async def plan_takeover(store: Store, own: Ownership, *, max_resumes: int = 3) -
     raw = await store.load_checkpoint(own.run_id)
     state = decode_state(raw) if raw else None
     info = await store.get_run(own.run_id)
-    if own.last_seq == 0 and own.epoch <= _MAX_RESTART_EPOCH:
+    if own.last_seq == 0 and own.epoch <= MAX_RESTART_EPOCH:
         return TakeoverPlan("restarted", True, None, stop, None)
     if (
         state is not None

@@ -232,7 +232,7 @@ async def wait_and_record(
         ctx.pause_clock()
         m.approvals_waiting.inc()
         try:
-            decision = await _wait_decision(ctx, state.approval_id, state.approval_expires_at)
+            decision = await wait_decision(ctx, state.approval_id, state.approval_expires_at)
         finally:
             m.approvals_waiting.dec()
             ctx.resume_clock()
@@ -256,7 +256,12 @@ async def wait_and_record(
     return decision
 
 
-async def _wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -> DecisionInfo:
+async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -> DecisionInfo:
+    """The decision on `approval_id`: from the control message, a poll of
+    PostgreSQL every `approval_poll_s`, or the expiry (stored as `expired`,
+    fenced). Raises Stopped, Released or RunFailure(worker_draining) when the
+    run is stopped or its worker drains. The built-in loop's and the agent
+    API's approvals (`durable.py`) both wait here."""
     sig = ctx.signals
     pool = ctx.store.pool
     w = ctx.writer

@@ -1,0 +1,504 @@
+"""agents: the agent API's cost per event over the built-in loop's append
+path, and each framework's cost under runlog over the framework run bare,
+with real worker processes (`runlog worker`), in one run.
+
+1. --runs concurrent runs (default 100, one session each), each streaming the
+   same --events text deltas (default 200; bench/_agents.py `deltas`) as fast
+   as it can, through one worker process:
+   (a) the built-in loop: scripted adapter, `scripted_tokens_per_s=0`, input
+       `echo:<text>` (exactly --events text deltas, no tool);
+   (b) an API agent (`RUNLOG_AGENT=bench._agents:agent`): `ctx.text` per delta;
+   (b2) the same inside one `ctx.step`;
+   (b3) one `ctx.step` per --per-step deltas (default 10): the cost of a step.
+   Both kinds yield to the loop once every 64 deltas (the scripted adapter's
+   pacer at 0 tokens/s). Each run commits run_start, the deltas and run_end
+   (--events + 2 events); a case whose runs do not all end `completed` with
+   exactly those events fails the bench. A measurement is --rounds waves
+   (default 3) of --runs runs: this process creates the sessions first, then,
+   timed, starts a wave's runs all at once (`Broker.start_run`), polls until
+   they have all ended, and starts the next wave. Over that window: committed
+   events/s, and CPU µs per committed event of the worker process,
+   PostgreSQL (which also creates the runs) and nats-server. The agent API's
+   overhead is (b) - (a) in worker µs/event; a step's cost is the worker CPU
+   of (b3) - (b) divided by the steps of (b3), in µs per step.
+   Raw, same run: (c) the same waves of runs and deltas straight through
+   `Broker.claim` + `RunWriter.append` in this process, timed from the first
+   claim to the last commit (the runs are created before): the log's own
+   share of the worker's CPU.
+   For every trial each worker is started afresh (one at a time: workers
+   share the job queue) and warmed up with a wave of short runs first.
+2. Frameworks (--frameworks, default all registered): the same fake model and
+   runs executed bare in this process (CPU µs per text token it produced, by
+   this process's `time.process_time`) and as a runlog agent in a worker
+   process, measured as in 1 (worker CPU µs per text delta committed: the
+   runs' other events are not counted, their cost is). The difference is what
+   running under runlog costs per token. A case whose module cannot be
+   imported is skipped with a line saying so.
+
+Adding a framework case: one function in this module, decorated with
+`@framework(name, needs=module, agent="bench._agents:attr")`, that runs the
+framework bare: `async def bare(runs: int, n: int) -> int` executes `runs`
+runs concurrently, each with a fake model that streams n text tokens, and
+returns the number of text tokens the framework handed out (the bench checks
+it is runs x n). The runlog side is the same framework object and fake model
+wrapped by the framework's adapter, as `attr` in bench/_agents.py (import the
+adapter inside the agent, so that the module imports without it), reading n
+from the run's input (`str(n)` unless `input=` gives another function of n);
+each run must commit exactly n text deltas and end `completed`. `needs` is
+the module the case cannot run without (its adapter under
+workers/frameworks/, or the framework's library): when it cannot be imported
+the case is skipped. `worker=` gives worker settings instead of `agent`
+(the `builtin` case below: the scripted adapter bare vs the built-in loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import importlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker import events
+from broker.log import RunWriter
+from broker.runtime import Broker
+from workers.adapters.scripted import ScriptedAdapter
+from workers.model import Message, ModelRequest, TextChunk
+
+from . import _agents, _gw, _lib
+from ._gw import USER, progress
+from ._lib import Figure, Stack, Timer
+from ._procs import Meter, WorkerProc
+
+_API_AGENT = "bench._agents:agent"
+_BUILTIN: dict[str, object] = {"model_adapter": "scripted", "scripted_tokens_per_s": 0}
+_SHORT_EVENTS = 20  # the warm-up's and the short runs' text deltas
+_TIMEOUT_S = 120.0
+
+
+# --- the framework cases -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrameworkCase:
+    name: str
+    needs: str  # a module the case cannot run without
+    bare: Callable[[int, int], Awaitable[int]]  # (runs, n) → text tokens produced
+    worker: dict[str, object]  # the worker process's settings
+    input: Callable[[int], str] = str  # a run's input for n tokens
+
+
+FRAMEWORKS: dict[str, FrameworkCase] = {}
+
+
+def framework(
+    name: str,
+    *,
+    needs: str,
+    agent: str = "",
+    worker: dict[str, object] | None = None,
+    input: Callable[[int], str] = str,
+) -> Callable[[Callable[[int, int], Awaitable[int]]], Callable[[int, int], Awaitable[int]]]:
+    """Register a case (see the module doc): the decorated function runs it bare."""
+
+    def register(
+        bare: Callable[[int, int], Awaitable[int]],
+    ) -> Callable[[int, int], Awaitable[int]]:
+        settings = dict(worker or {})
+        if agent:
+            settings["agent"] = agent
+        FRAMEWORKS[name] = FrameworkCase(name, needs, bare, settings, input)
+        return bare
+
+    return register
+
+
+@framework("builtin", needs="workers.adapters.scripted", worker=_BUILTIN,
+           input=_agents.builtin_input)  # fmt: skip
+async def builtin_bare(runs: int, n: int) -> int:
+    """The built-in loop's scripted model (`tokens_per_s=0`), its stream read
+    bare vs run by the built-in loop in a worker."""
+    adapter = ScriptedAdapter(tokens_per_s=0)
+    request = ModelRequest(messages=[Message(role="user", content=_agents.builtin_input(n))])
+
+    async def one() -> int:
+        k = 0
+        async for item in adapter.stream(request):
+            k += isinstance(item, TextChunk)
+        return k
+
+    return sum(await asyncio.gather(*(one() for _ in range(runs))))
+
+
+# --- the command ------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", type=int, default=100, help="concurrent runs (default: 100)")
+    p.add_argument("--events", type=int, default=200, help="text deltas per run (default: 200)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="waves of --runs runs per measurement, one after the other (default: 3)")  # fmt: skip
+    p.add_argument("--per-step", type=int, default=10,
+                   help="text deltas per ctx.step in case b3 (default: 10)")  # fmt: skip
+    p.add_argument("--frameworks", default="all",
+                   help="comma-separated framework cases, 'all' or 'none' (default: all; "
+                   f"registered: {', '.join(FRAMEWORKS)})")  # fmt: skip
+    p.add_argument("--no-raw", action="store_true", help="skip the raw RunWriter.append case")
+
+
+_API_CASES: tuple[tuple[str, _agents.Mode], ...] = (("b", "text"), ("b2", "step"), ("b3", "steps"))
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    cases, skipped = _frameworks(args.frameworks)
+    per_trial: list[dict[str, Any]] = [{} for _ in range(args.trials)]
+    async with _lib.stack(args.work_dir) as st:
+        versions = await _lib.server_versions(st)
+        meter = Meter(st)
+        b = await _gw.connect_broker(st)
+        try:
+            for trial, t in enumerate(per_trial):
+                label = f"trial {trial + 1}:"
+                async with _worker(st, meter, args, _BUILTIN) as wk:
+                    t["a"] = r = await _runs(b, meter, wk, args, _agents.builtin_input)
+                    progress(f"{label} (a) built-in loop: {_line(r)}")
+                async with _worker(st, meter, args, {"agent": _API_AGENT}) as wk:
+                    for key, mode in _API_CASES:
+                        make = functools.partial(_api_input, mode=mode, per_step=args.per_step)
+                        t[key] = r = await _runs(b, meter, wk, args, make)
+                        progress(f"{label} ({key}) API agent, {mode}: {_line(r)}")
+                if not args.no_raw:
+                    t["c"] = r = await _raw(b, meter, args)
+                    progress(f"{label} (c) raw RunWriter.append: {r['events_s']:,.0f} events/s, "
+                             f"{r['us_per_event']:.0f} µs/event")  # fmt: skip
+                for case in cases:
+                    t[f"fw_{case.name}"] = r = await _framework(st, b, meter, case, args)
+                    progress(f"{label} framework {case.name}: bare {r['bare_us_per_token']:.1f} "
+                             f"µs/token, under runlog {r['worker_us_per_token']:.0f} µs/token")  # fmt: skip
+        finally:
+            await b.close()
+    return {
+        "servers": versions,
+        "frameworks_skipped": skipped,
+        "figures": _figures(per_trial, args, cases),
+        "trials": per_trial,
+    }
+
+
+def _api_input(n: int, *, mode: _agents.Mode, per_step: int) -> str:
+    return _agents.api_input(n, mode, per_step)
+
+
+def _frameworks(spec: str) -> tuple[list[FrameworkCase], dict[str, str]]:
+    names = list(FRAMEWORKS) if spec == "all" else [s for s in spec.split(",") if s and s != "none"]
+    unknown = [s for s in names if s not in FRAMEWORKS]
+    if unknown:
+        raise SystemExit(f"bench agents: unknown framework case(s) {', '.join(unknown)}; "
+                         f"registered: {', '.join(FRAMEWORKS)}")  # fmt: skip
+    cases, skipped = [], {}
+    for name in names:
+        case = FRAMEWORKS[name]
+        try:
+            importlib.import_module(case.needs)
+        except ImportError as e:
+            skipped[name] = f"{case.needs} cannot be imported ({e})"
+            progress(f"framework {name}: skipped, {skipped[name]}")
+            continue
+        cases.append(case)
+    return cases, skipped
+
+
+def _line(r: dict[str, Any]) -> str:
+    return (f"{r['events_s']:,.0f} events/s, worker {r['worker_us_per_event']:.0f} µs/event, "
+            f"PostgreSQL {r['pg_us_per_event']:.0f}, nats {r['nats_us_per_event']:.0f}")  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _worker(
+    st: Stack, meter: Meter, args: argparse.Namespace, settings: dict[str, object]
+) -> AsyncIterator[WorkerProc]:
+    """A started worker process taking every run at once, measured as
+    "worker"; stopped on exit."""
+    wk = await WorkerProc(st, concurrency=max(args.runs, 8), **settings).start()
+    meter.add("worker", wk.pid)
+    try:
+        yield wk
+    finally:
+        meter.remove("worker")
+        await wk.stop(timeout_s=30)
+
+
+async def _runs(
+    b: Broker,
+    meter: Meter,
+    wk: WorkerProc,
+    args: argparse.Namespace,
+    make_input: Callable[[int], str],
+    *,
+    exact: bool = True,
+) -> dict[str, Any]:
+    """A warm-up wave of short runs; then, measured, --rounds waves of --runs
+    runs of `make_input(--events)`, each wave started at once when the last
+    one has ended, timed from the first start to the last end; then as many
+    waves of short runs (`make_input(_SHORT_EVENTS)`), timed apart: with the
+    two run lengths, the worker's CPU splits into a part per run and a part
+    per text delta (a straight line through the two points).
+
+    Every run must end `completed` with its text deltas and (`exact`) no
+    other events than run_start and run_end."""
+    n = args.events
+    await _waves(b, wk, args, make_input(_SHORT_EVENTS), 1)
+    timer = Timer(meter)
+    run_ids = await _waves(b, wk, args, make_input(n), args.rounds, timer)
+    total = await _check(b, wk, run_ids, n, exact)
+    short = Timer(meter)
+    short_ids = await _waves(b, wk, args, make_input(_SHORT_EVENTS), args.rounds, short)
+    await _check(b, wk, short_ids, _SHORT_EVENTS, exact)
+    spans = sorted(
+        float(v)
+        for v in await b.store.pool.fetchval(
+            "SELECT array_agg(span) FROM (SELECT max(ts) - min(ts) AS span FROM events"
+            " WHERE run_id = ANY($1::text[]) GROUP BY run_id) s",
+            run_ids,
+        )
+    )
+    long_run_us = timer.cpu_s["worker"] * 1e6 / len(run_ids)
+    short_run_us = short.cpu_s["worker"] * 1e6 / len(short_ids)
+    per_delta_us = (long_run_us - short_run_us) / (n - _SHORT_EVENTS)
+    return {
+        "events": total,
+        "text_deltas": n * len(run_ids),
+        "events_s": total / timer.wall_s,
+        "wall_s": timer.wall_s,
+        "worker_cpu_s": timer.cpu_s["worker"],
+        "worker_us_per_event": timer.us_per(total, "worker"),
+        "worker_cpu_pct": 100 * timer.cpu_s["worker"] / timer.wall_s,
+        "pg_us_per_event": timer.us_per(total, "postgres"),
+        "nats_us_per_event": timer.us_per(total, "nats"),
+        "pg_cpu_s": timer.cpu_s.get("postgres", float("nan")),
+        "others_cpu_cores": max(timer.others_cores(), short.others_cores()),
+        "run_span_p50_ms": _lib.quantile(spans, 0.5),
+        "run_span_p99_ms": _lib.quantile(spans, 0.99),
+        "worker_us_per_run_fixed": short_run_us - _SHORT_EVENTS * per_delta_us,
+        "worker_us_per_delta_marginal": per_delta_us,
+    }
+
+
+async def _waves(
+    b: Broker,
+    wk: WorkerProc,
+    args: argparse.Namespace,
+    inp: str,
+    rounds: int,
+    timer: Timer | None = None,
+) -> list[str]:
+    """`rounds` waves of --runs runs (one session each, created first)."""
+    waves = [
+        [await b.store.create_session(USER, "bench agents") for _ in range(args.runs)]
+        for _ in range(rounds)
+    ]
+    run_ids: list[str] = []
+    if timer is not None:
+        timer.start()
+    for sessions in waves:
+        wave = await asyncio.gather(*(b.start_run(sid, USER, input=inp) for sid in sessions))
+        await _wait_ended(b, wk, wave)
+        run_ids += wave
+    if timer is not None:
+        timer.stop()
+    return run_ids
+
+
+async def _wait_ended(b: Broker, wk: WorkerProc, run_ids: list[str]) -> None:
+    q = "SELECT count(*) FROM runs WHERE run_id = ANY($1::text[]) AND ended_at IS NULL"
+    try:
+        async with asyncio.timeout(_TIMEOUT_S):
+            while await b.store.pool.fetchval(q, run_ids):
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise RuntimeError(
+            f"runs not ended in {_TIMEOUT_S:.0f} s; worker:\n{wk.output()}"
+        ) from None
+
+
+async def _check(b: Broker, wk: WorkerProc, run_ids: list[str], n: int, exact: bool) -> int:
+    """The committed events of the runs, after checking they are what was asked for."""
+    pool = b.store.pool
+    rows = await pool.fetch(
+        "SELECT r.status, r.last_seq, (SELECT count(*) FROM events e WHERE e.run_id = r.run_id"
+        " AND e.type = 'text_delta') AS deltas FROM runs r WHERE r.run_id = ANY($1::text[])",
+        run_ids,
+    )
+    bad = [
+        dict(r)
+        for r in rows
+        if r["status"] != "completed" or r["deltas"] != n or (exact and r["last_seq"] != n + 2)
+    ]
+    if bad or len(rows) != len(run_ids):
+        raise RuntimeError(
+            f"{len(bad)} of {len(run_ids)} runs are not {n} text deltas, completed "
+            f"(first: {bad[:1]}); worker:\n{wk.output()}"
+        )
+    return sum(int(r["last_seq"]) for r in rows)
+
+
+# --- (c) raw: the log's own share ---------------------------------------------------
+
+
+async def _raw(b: Broker, meter: Meter, args: argparse.Namespace) -> dict[str, Any]:
+    """The runs' events through `RunWriter.append` in this process; then the
+    short runs, timed apart, as `_runs` does."""
+    timer, short = Timer(meter), Timer(meter)
+    await _raw_waves(b, args, args.events, timer)
+    await _raw_waves(b, args, _SHORT_EVENTS, short)
+    runs = args.rounds * args.runs
+    n = runs * (args.events + 2)
+    long_run_us = timer.cpu_s["client"] * 1e6 / runs
+    short_run_us = short.cpu_s["client"] * 1e6 / runs
+    per_delta_us = (long_run_us - short_run_us) / (args.events - _SHORT_EVENTS)
+    return {
+        "events": n,
+        "events_s": n / timer.wall_s,
+        "us_per_event": timer.us_per(n, "client"),
+        "pg_us_per_event": timer.us_per(n, "postgres"),
+        "nats_us_per_event": timer.us_per(n, "nats"),
+        "others_cpu_cores": max(timer.others_cores(), short.others_cores()),
+        "us_per_run_fixed": short_run_us - _SHORT_EVENTS * per_delta_us,
+        "us_per_delta_marginal": per_delta_us,
+    }
+
+
+async def _raw_waves(b: Broker, args: argparse.Namespace, n: int, timer: Timer) -> None:
+    waves = []
+    for _ in range(args.rounds):
+        wave = []
+        for _ in range(args.runs):
+            sid = await b.store.create_session(USER, "bench agents raw")
+            wave.append(await b.store.create_run(sid, USER, model="bench"))
+        waves.append(wave)
+    pieces = _agents.deltas(n)
+    timer.start()
+    for wave in waves:
+        await asyncio.gather(*(_raw_run(b, run_id, pieces) for run_id in wave))
+    timer.stop()
+
+
+async def _raw_run(b: Broker, run_id: str, pieces: list[str]) -> None:
+    w: RunWriter = await b.claim(run_id, "bench-raw")
+    await w.append(events.RunStart(model="bench", started_by=USER))
+    m = "m_0001"
+    for i, piece in enumerate(pieces, 1):
+        if i % 64 == 0:  # as the agents yield (bench/_agents.py)
+            await asyncio.sleep(0)
+        await w.append(events.TextDelta(message_id=m, delta=piece))
+    await w.append(events.RunEnd(status="completed"))
+    await w.flush()
+
+
+# --- 2. frameworks ------------------------------------------------------------------
+
+
+async def _framework(
+    st: Stack, b: Broker, meter: Meter, case: FrameworkCase, args: argparse.Namespace
+) -> dict[str, Any]:
+    n, runs = args.events, args.runs
+    await case.bare(min(runs, 10), _SHORT_EVENTS)
+    # This process's CPU time at ns resolution: a bare run may take less
+    # CPU than psutil's 10 ms ticks resolve.
+    c0, t0 = time.process_time(), time.perf_counter()
+    produced = 0
+    for _ in range(args.rounds):
+        produced += await case.bare(runs, n)
+    bare_cpu_s, bare_wall_s = time.process_time() - c0, time.perf_counter() - t0
+    if produced != args.rounds * runs * n:
+        raise RuntimeError(f"framework {case.name}: bare produced {produced} tokens, "
+                           f"not {args.rounds} x {runs} x {n}")  # fmt: skip
+    async with _worker(st, meter, args, case.worker) as wk:
+        r = await _runs(b, meter, wk, args, case.input, exact=False)
+    tokens = r["text_deltas"]
+    r.update(
+        bare_us_per_token=bare_cpu_s * 1e6 / produced,
+        bare_tokens_s=produced / bare_wall_s,
+        worker_us_per_token=r["worker_cpu_s"] * 1e6 / tokens,
+        pg_us_per_token=r["pg_cpu_s"] * 1e6 / tokens,
+    )
+    r["overhead_us_per_token"] = r["worker_us_per_token"] - r["bare_us_per_token"]
+    return r
+
+
+# --- figures ----------------------------------------------------------------------
+
+
+def _figures(
+    per_trial: list[dict[str, Any]], args: argparse.Namespace, cases: list[FrameworkCase]
+) -> list[Figure]:
+    figs: list[Figure] = []
+    n, k = args.events, max(1, args.per_step)
+    steps = -(-n // k)
+    runs = args.runs * args.rounds
+
+    def add(section: str, name: str, unit: str, values: list[float]) -> None:
+        figs.append(_lib.summarize(section, name, unit, values))
+
+    def col(which: str, key: str) -> list[float]:
+        return [float(t[which][key]) for t in per_trial]
+
+    sec = (f"{args.runs} concurrent runs x {n} text deltas, {args.rounds} waves, one worker "
+           f"process; per committed event ({n + 2} per run)")  # fmt: skip
+    labels = {
+        "a": "(a) built-in loop",
+        "b": "(b) API, ctx.text",
+        "b2": "(b2) API, one step",
+        "b3": f"(b3) API, a step per {k}",
+    }
+    for key, label in labels.items():
+        add(sec, f"{label}: worker CPU", "µs/event", col(key, "worker_us_per_event"))
+    for key, label in labels.items():
+        add(sec, f"{label}: committed", "events/s", col(key, "events_s"))
+    for key, label in labels.items():
+        add(sec, f"{label}: run_start ts -> run_end ts p50", "ms", col(key, "run_span_p50_ms"))
+    add(sec, "(b) - (a): the agent API's overhead, worker CPU", "µs/event",
+        [t["b"]["worker_us_per_event"] - t["a"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
+    add(sec, "(b2) - (b): one step around the run, worker CPU", "µs/event",
+        [t["b2"]["worker_us_per_event"] - t["b"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
+    add(sec, f"(b3) - (b): a step's cost ({steps} steps per run), worker CPU", "µs/step",
+        [(t["b3"]["worker_cpu_s"] - t["b"]["worker_cpu_s"]) * 1e6 / (runs * steps)
+         for t in per_trial])  # fmt: skip
+    add(sec, "… PostgreSQL CPU", "µs/step",
+        [(t["b3"]["pg_cpu_s"] - t["b"]["pg_cpu_s"]) * 1e6 / (runs * steps)
+         for t in per_trial])  # fmt: skip
+    short = _SHORT_EVENTS
+    fit = f"(fit: {n}- vs {short}-delta runs)"
+    for key, label in (("a", labels["a"]), ("b", labels["b"])):
+        add(sec, f"{label}: worker CPU per run {fit}", "µs/run",
+            col(key, "worker_us_per_run_fixed"))  # fmt: skip
+        add(sec, f"{label}: … + worker CPU per text delta", "µs/delta",
+            col(key, "worker_us_per_delta_marginal"))  # fmt: skip
+    if not args.no_raw:
+        add(sec, f"(c) raw: CPU per run {fit}", "µs/run", col("c", "us_per_run_fixed"))
+        add(sec, "(c) raw: … + CPU per text delta", "µs/delta", col("c", "us_per_delta_marginal"))
+    for key, label in (("a", labels["a"]), ("b", labels["b"]), ("b3", labels["b3"])):
+        add(sec, f"{label}: PostgreSQL CPU", "µs/event", col(key, "pg_us_per_event"))
+        add(sec, f"{label}: nats-server CPU", "µs/event", col(key, "nats_us_per_event"))
+    if not args.no_raw:
+        add(sec, "(c) raw: RunWriter.append in the bench process, CPU", "µs/event",
+            col("c", "us_per_event"))  # fmt: skip
+        add(sec, "(c) raw: … committed", "events/s", col("c", "events_s"))
+        add(sec, "(c) raw: … PostgreSQL CPU", "µs/event", col("c", "pg_us_per_event"))
+    whichs = ["a", "b", "b2", "b3"] + ([] if args.no_raw else ["c"])
+    add(sec, "host CPU outside our processes, max over the cases", "cores",
+        [max(t[w]["others_cpu_cores"] for w in whichs) for t in per_trial])  # fmt: skip
+    for case in cases:
+        key = f"fw_{case.name}"
+        sec = f"framework {case.name}: bare vs under runlog ({args.rounds} x {args.runs} runs x {n} tokens)"
+        add(sec, "bare, in the bench process: CPU", "µs/token", col(key, "bare_us_per_token"))
+        add(sec, "under runlog: worker CPU", "µs/token", col(key, "worker_us_per_token"))
+        add(sec, "under runlog - bare", "µs/token", col(key, "overhead_us_per_token"))
+        add(sec, "under runlog: PostgreSQL CPU", "µs/token", col(key, "pg_us_per_token"))
+        add(sec, "bare: tokens/s", "tokens/s", col(key, "bare_tokens_s"))
+        add(sec, "under runlog: committed events/s", "events/s", col(key, "events_s"))
+    return figs
