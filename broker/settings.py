@@ -72,6 +72,12 @@ class Settings:
         "and subscribers fill the gap from PostgreSQL.",
     )
     db_pool_size: int = _opt(8, "PostgreSQL connections per process (connections).")
+    db_idle_in_transaction_timeout_s: float = _opt(
+        10.0,
+        "PostgreSQL ends a session of ours that sits in a transaction saying nothing for this "
+        "long (a paused or frozen process), releasing its locks (s); below worker_lease_s, so "
+        "a paused worker never blocks the worker that takes its runs over.",
+    )
     db_retry_s: float = _opt(
         30.0,
         "How long a read is retried while PostgreSQL is unreachable (s); commits ride out "

@@ -189,7 +189,18 @@ class Store:
     async def connect(cls, dsn: str, settings: Settings) -> Store:
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=1, max_size=settings.db_pool_size, command_timeout=60
+                dsn,
+                min_size=1,
+                max_size=settings.db_pool_size,
+                command_timeout=60,
+                # A paused process must not hold its locks (the session's cursor
+                # row, a run's row) for as long as it sleeps: PostgreSQL ends
+                # the session, its transaction rolls back, the fence decides.
+                server_settings={
+                    "idle_in_transaction_session_timeout": str(
+                        max(1, int(settings.db_idle_in_transaction_timeout_s * 1000))
+                    )
+                },
             )
         except (OSError, asyncpg.PostgresError) as e:
             raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -355,3 +356,38 @@ async def test_publish_backlog_past_its_bound_drops_the_oldest_and_readers_fill_
             await sub.close()
         await reader_side.close()
         await writer_side.close()
+
+
+async def test_a_paused_writer_holding_a_lock_does_not_block_the_session(
+    settings: Settings,
+) -> None:
+    """A worker paused (SIGSTOP, a long GC, a frozen VM) in the middle of a
+    transaction holds its locks for as long as PostgreSQL keeps its session.
+    Here a connection of one process's pool holds the session's row lock (as
+    an appender's commit does) and then says nothing more; another writer of
+    the same session must get through once db_idle_in_transaction_timeout_s
+    has passed, not wait until the paused one wakes up."""
+    s = dataclasses.replace(settings, db_idle_in_transaction_timeout_s=1.0)
+    frozen = await Broker.connect(s, name="frozen")
+    other = await Broker.connect(s, name="other")
+    try:
+        session_id = await other.store.create_session("alice")
+        run_id = await other.start_run(session_id, "alice", input="x")
+        own = await other.store.claim_queued(run_id, "w-other", 30.0)
+        assert own is not None
+        conn = await frozen.store.pool.acquire()
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(
+            "SELECT last_cursor FROM sessions WHERE session_id = $1 FOR UPDATE", session_id
+        )
+        writer = other.writer(own)
+        await writer.append(events.RunStart(input="x"))
+        async with asyncio.timeout(30):
+            assert await writer.flush() == 1
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+            await tx.commit()  # its session was ended for it
+        await frozen.store.pool.release(conn)
+    finally:
+        await frozen.close()
+        await other.close()
