@@ -73,12 +73,6 @@ export function showSettings(view, info) {
   }
 }
 
-/** The message for a refused member change: `last_owner` said plainly. */
-function memberError(e, userId) {
-  if (e?.code !== "last_owner") return e;
-  return { code: "last_owner", message: `${userId} is the session's last owner: make another member owner first.` };
-}
-
 /**
  * The owner's controls on a member's row: a role select and a Remove button
  * (click twice: the first click asks). `done()` after a change went through.
@@ -130,8 +124,14 @@ export function memberControls(view, member, done) {
   return h("span", { class: "member-controls" }, select, remove);
 }
 
+// A refused member change; `last_owner` said plainly (the user id isolated).
 function showMemberError(el, e, userId) {
-  showError(el, memberError(e, userId));
+  if (e?.code === "last_owner") {
+    setText(el, "last_owner: ", untrusted(userId), " is the session's last owner: make another member owner first.");
+    el.hidden = false;
+  } else {
+    showError(el, e);
+  }
   el.dataset.code = e?.code ?? "";
 }
 
