@@ -138,6 +138,12 @@ class RunBusy(Conflict):
     code = "run_busy"
 
 
+class SessionArchived(Conflict):
+    """The session is archived: it takes no new run until an owner unarchives it."""
+
+    code = "session_archived"
+
+
 class Unauthorized(ClientError):
     """No valid credentials: re-authenticate."""
 

@@ -27,7 +27,7 @@ from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 import asyncpg
 import msgspec
 
-from . import approvals, errors, ids, members
+from . import approvals, errors, ids, members, sessions
 from .settings import Settings
 
 ROLES = ("owner", "approver", "viewer")
@@ -140,14 +140,6 @@ class RunInfo(NamedTuple):
     ended_at_ms: int | None
 
 
-class SessionSummary(NamedTuple):
-    session_id: str
-    title: str
-    role: str  # the member's
-    head: int
-    created_at_ms: int
-
-
 class RunSummary(NamedTuple):
     run_id: str
     status: str
@@ -168,6 +160,9 @@ class SessionInfo(NamedTuple):
     members: list[tuple[str, str]]  # (user_id, role)
     runs: list[RunSummary]  # newest first
     stream_policy: StreamPolicy = StreamPolicy()
+    title: str = ""
+    created_at_ms: int = 0
+    archived_at_ms: int | None = None  # None: not archived
 
 
 _PAGE_COLUMNS = "run_id, seq, cursor, type, payload"
@@ -219,10 +214,11 @@ class Store:
         session_id = ids.session_id()
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                "INSERT INTO sessions (session_id, title, created_by, include_thinking,"
-                " include_tool_calls) VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO sessions (session_id, title, title_folded, created_by,"
+                " include_thinking, include_tool_calls) VALUES ($1, $2, $3, $4, $5, $6)",
                 session_id,
                 title,
+                sessions.fold(title),
                 created_by,
                 stream_policy.include_thinking,
                 stream_policy.include_tool_calls,
@@ -341,25 +337,23 @@ class Store:
         )
 
     @_reads("sessions read")
-    async def sessions_of(self, user_id: str, limit: int = 100) -> list[SessionSummary]:
-        """The sessions `user_id` is a member of, newest first."""
-        rows = await self.pool.fetch(
-            "SELECT s.session_id, s.title, m.role, s.last_cursor,"
-            " (extract(epoch FROM s.created_at) * 1000)::bigint"
-            " FROM members m JOIN sessions s USING (session_id)"
-            " WHERE m.user_id = $1 ORDER BY s.created_at DESC LIMIT $2",
-            user_id,
-            limit,
+    async def sessions_page(
+        self, user_id: str, *, query: str = "", archived: bool = False,
+        before: sessions.PageKey | None = None, limit: int = sessions.PAGE_SIZE,
+    ) -> tuple[list[sessions.SessionSummary], sessions.PageKey | None]:  # fmt: skip
+        """A page of the sessions `user_id` is a member of, newest first, and
+        the key of the next page (None: none); see `sessions.py`."""
+        return await sessions.page(
+            self.pool, user_id, query=query, archived=archived, before=before, limit=limit
         )
-        return [SessionSummary(*r) for r in rows]
 
     @_reads("session read")
     async def session_info(self, session_id: str, runs_limit: int = 100) -> SessionInfo:
         """A session's head, run policy, members (oldest first) and most recent runs."""
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
-                "SELECT last_cursor, run_policy, include_thinking, include_tool_calls"
-                " FROM sessions WHERE session_id = $1",
+                "SELECT last_cursor, run_policy, include_thinking, include_tool_calls, title,"
+                " created_at, archived_at FROM sessions WHERE session_id = $1",
                 session_id,
             )
             if row is None:
@@ -376,7 +370,7 @@ class Store:
             )
         return SessionInfo(
             row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs],
-            StreamPolicy(row[2], row[3]),
+            StreamPolicy(row[2], row[3]), row[4], sessions.ms(row[5]) or 0, sessions.ms(row[6]),
         )  # fmt: skip
 
     @_reads("approval read")
@@ -427,11 +421,19 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             # The session row's lock serializes run creation within the session,
             # so two concurrent starts cannot both see "nothing running".
-            policy = await conn.fetchval(
-                "SELECT run_policy FROM sessions WHERE session_id = $1 FOR UPDATE", session_id
+            row = await conn.fetchrow(
+                "SELECT run_policy, archived_at IS NOT NULL FROM sessions"
+                " WHERE session_id = $1 FOR UPDATE",
+                session_id,
             )
-            if policy is None:
+            if row is None:
                 raise errors.SessionNotFound(f"no session {session_id}")
+            policy, archived = row
+            if archived:
+                raise errors.SessionArchived(
+                    f"session {session_id} is archived: it takes no new runs",
+                    hint="an owner may unarchive it (PATCH /v1/sessions/{id} archived=false)",
+                )
             active = [
                 r[0]
                 for r in await conn.fetch(
@@ -644,36 +646,16 @@ class Store:
             raise errors.SessionNotFound(f"no session {session_id}")
         return StreamPolicy(row[0], row[1])
 
-    @_writes("stream policy update")
-    async def set_stream_policy(
-        self, session_id: str, by: str, *, include_thinking: bool | None = None,
-        include_tool_calls: bool | None = None,
-    ) -> tuple[StreamPolicy, StreamPolicy]:  # fmt: skip
-        """Change what the session exposes (None: keep it) and audit the
-        change, in one transaction. Returns (before, after)."""
+    @_writes("session update")
+    async def update_session(
+        self, session_id: str, by: str, changes: sessions.Changes
+    ) -> tuple[sessions.Settings, sessions.Settings]:
+        """Change a session's settings and audit each change, in one
+        transaction (see `sessions.py`). Returns (before, after)."""
         async with self.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                "SELECT include_thinking, include_tool_calls FROM sessions"
-                " WHERE session_id = $1 FOR UPDATE",
-                session_id,
-            )
-            if row is None:
-                raise errors.SessionNotFound(f"no session {session_id}")
-            before = StreamPolicy(row[0], row[1])
-            after = StreamPolicy(
-                before.include_thinking if include_thinking is None else include_thinking,
-                before.include_tool_calls if include_tool_calls is None else include_tool_calls,
-            )
-            await conn.execute(
-                "UPDATE sessions SET include_thinking = $2, include_tool_calls = $3"
-                " WHERE session_id = $1",
-                session_id,
-                *after,
-            )
-            await self.audit(
-                by, "set_stream_policy", session_id=session_id,
-                detail={**after._asdict(), "previous": before._asdict()}, conn=conn,
-            )  # fmt: skip
+            before, after = await sessions.update(conn, session_id, changes)
+            for action, detail in sessions.audit_rows(before, after, changes):
+                await self.audit(by, action, session_id=session_id, detail=detail, conn=conn)
         return before, after
 
     @_writes("interrupt request")

@@ -9,6 +9,7 @@ Roles per session: owner, approver, viewer.
 | interrupt a run                 |   ✓   |    ✓     |        |
 | decide an approval              |   ✓   |    ✓     |        |
 | add or remove a member / role   |   ✓   |          |        |
+| rename, set policies, archive   |   ✓   |          |        |
 
 Any authenticated user may create a session (and becomes its owner).
 """

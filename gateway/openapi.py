@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from broker import events
+from broker import events, sessions
 
 from . import inputs, rest
 from .compat import agui_http
@@ -40,7 +40,7 @@ _ERRORS = {
     401: "unauthorized / token_expired",
     403: "not_a_member (also for unknown or malformed ids) / forbidden",
     404: "not found (approval_not_found, in a run you are a member of)",
-    409: "conflict (run_busy, approval_conflict, ...)",
+    409: "conflict (run_busy, session_archived, approval_conflict, ...)",
     410: "approval_expired",
     413: "payload_too_large",
     429: "too_many_connections (retry_after_s)",
@@ -100,6 +100,21 @@ _CURSOR_PARAMS = [
     {"name": "access_token", "in": "query", "schema": {"type": "string"},
      "description": "the bearer token, for EventSource: only with Accept: text/event-stream"},
 ]  # fmt: skip
+
+
+def _list_op() -> dict[str, Any]:
+    """`GET /v1/sessions`: a page of yours, searched and filtered."""
+    op = _op("Your sessions, newest first, a page at a time (next_before: the next page)",
+             errors=(400,))  # fmt: skip
+    op["parameters"] = [
+        {"name": "q", "in": "query", "description": "title contains this, any case",
+         "schema": {"type": "string", "maxLength": sessions.QUERY_MAX_CHARS}},
+        {"name": "archived", "in": "query", "description": "true: only the archived ones",
+         "schema": {"type": "string", "enum": ["true", "false"]}},
+        {"name": "before", "in": "query", "description": "a page's next_before",
+         "schema": {"type": "string", "pattern": "^[0-9]{1,18}[.]s_[A-Za-z0-9_-]{22}$"}},
+    ]  # fmt: skip
+    return op
 
 
 def _config_op() -> dict[str, Any]:
@@ -166,11 +181,12 @@ def document() -> dict[str, Any]:
             "/v1/config": {"get": _config_op()},
             "/v1/sessions": {"post": _op("Create a session (you become its owner)",
                                          body="CreateSession", ok=(201,)),
-                             "get": _op("Your sessions, newest first")},
+                             "get": _list_op()},
             "/v1/sessions/{session_id}": {"get": _op("A session: members, runs, head",
                                                      params=("session_id",), errors=(403,)),
-                                          "patch": _op("Change what Sim agent-events-v1 "
-                                                       "clients may see (owners only; audited)",
+                                          "patch": _op("Rename, set the run policy, what Sim "
+                                                       "agent-events-v1 clients may see, or "
+                                                       "archive (owners only; audited)",
                                                        body="UpdateSession",
                                                        params=("session_id",), errors=(403,))},
             "/v1/sessions/{session_id}/members": {

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from aiohttp import web
 
-from broker import errors, ids
+from broker import errors, ids, sessions
 from broker.store import StoredEvent, StreamPolicy
 
 from . import auth, inputs, sse
@@ -40,8 +40,12 @@ class CreateSession(_Body):
 class UpdateSession(_Body):
     """PATCH: the fields given change, the others stay (owners only)."""
 
+    title: Text | None = None
+    run_policy: Policy | None = None
     include_thinking: bool | None = None
     include_tool_calls: bool | None = None
+    # true: leaves the default list and takes no new run; false: back.
+    archived: bool | None = None
 
 
 class AddMember(_Body):
@@ -130,28 +134,52 @@ async def update_session(request: web.Request) -> web.Response:
     p = gw.principal(request)
     sid = request.match_info["session_id"]
     body = await read_body(request, UpdateSession, gw)
-    if body.include_thinking is None and body.include_tool_calls is None:
-        raise InvalidRequest("nothing to change: give include_thinking or include_tool_calls")
-    await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "change session policies")
-    before, after = await gw.broker.store.set_stream_policy(
-        sid, p.user, include_thinking=body.include_thinking,
-        include_tool_calls=body.include_tool_calls,
-    )  # fmt: skip
-    return json_response({"session_id": sid, **after._asdict(), "previous": before._asdict()})
+    changes = sessions.Changes(
+        body.title, body.run_policy, body.include_thinking, body.include_tool_calls, body.archived
+    )
+    if changes == sessions.Changes():
+        raise InvalidRequest(
+            "nothing to change: give title, run_policy, include_thinking, include_tool_calls"
+            " or archived"
+        )
+    await auth.require_role(gw.broker.store, sid, p.user, auth.MANAGE, "change the session")
+    before, after = await gw.broker.store.update_session(sid, p.user, changes)
+    return json_response({"session_id": sid, **_settings(after), "previous": _settings(before)})
+
+
+def _settings(s: sessions.Settings) -> dict[str, object]:
+    return {"title": s.title, "run_policy": s.run_policy, "include_thinking": s.include_thinking,
+            "include_tool_calls": s.include_tool_calls, "archived_at": s.archived_at_ms}  # fmt: skip
+
+
+def _list_query(request: web.Request) -> tuple[str, bool, sessions.PageKey | None]:
+    """`?q=` (title search), `?archived=true|false` and `?before=` of the list."""
+    q = request.query.get("q", "")
+    if len(q) > sessions.QUERY_MAX_CHARS or "\x00" in q:
+        raise InvalidRequest(f"q is at most {sessions.QUERY_MAX_CHARS} characters, without NUL")
+    archived = request.query.get("archived", "false")
+    if archived not in ("true", "false"):
+        raise InvalidRequest("archived must be true or false")
+    raw = request.query.get("before", "")
+    return q, archived == "true", sessions.PageKey.decode(raw) if raw else None
 
 
 async def list_sessions(request: web.Request) -> web.Response:
-    """The sessions the caller is a member of, newest first (at most 100)."""
+    """The sessions the caller is a member of, newest first, a page at a time."""
     gw = request.app[GATEWAY]
     p = gw.principal(request)
-    rows = await gw.broker.store.sessions_of(p.user)
+    q, archived, before = _list_query(request)
+    rows, more = await gw.broker.store.sessions_page(
+        p.user, query=q, archived=archived, before=before
+    )
     return json_response(
         {
             "sessions": [
                 {"session_id": r.session_id, "title": r.title, "your_role": r.role,
-                 "head": r.head, "created_at": r.created_at_ms}
+                 "head": r.head, "created_at": r.created_at_ms, "archived_at": r.archived_at_ms}
                 for r in rows
-            ]
+            ],
+            "next_before": None if more is None else more.encode(),
         }
     )  # fmt: skip
 
@@ -165,8 +193,11 @@ async def get_session(request: web.Request) -> web.Response:
     return json_response(
         {
             "session_id": sid,
+            "title": info.title,
             "your_role": role,
             "head": info.head,
+            "created_at": info.created_at_ms,
+            "archived_at": info.archived_at_ms,
             "run_policy": info.run_policy,
             **info.stream_policy._asdict(),
             "members": [{"user_id": u, "role": r} for u, r in info.members],

@@ -233,6 +233,8 @@ def _text_rows() -> list[Row]:
          "comment"),
         ("POST", "/v1/runs/{rid}/approvals/{aid}", {"decision": "approve" + NUL}, "decision"),
         ("POST", "/v1/sessions", {"title": "t", "run_policy": "reject" + NUL}, "run_policy"),
+        ("PATCH", "/v1/sessions/{sid}", {"title": "a" + NUL + "b"}, "title"),
+        ("PATCH", "/v1/sessions/{sid}", {"run_policy": "reject" + NUL}, "run_policy"),
     ]  # fmt: skip
     for method, path, body, field in bodies:
         rows.append(Row(f"{path} NUL in {field}", method, path, 400, "invalid_request",
@@ -292,6 +294,19 @@ def _shape_rows() -> list[Row]:
         ("/v1/runs/{rid}/approvals/{aid}", "decided_by", b'{"decision": "approve", "decided_by": "x"}'),
     ]  # fmt: skip
     rows += [Row(f"{p} body={n}", "POST", p, 400, "invalid_request", body=b) for p, n, b in more]
+    patch: list[tuple[str, bytes]] = [
+        ("empty", b"{}"),
+        ("title_null", b'{"title": null}'),
+        ("title_number", b'{"title": 5}'),
+        ("title_too_long", b'{"title": "' + b"x" * 4001 + b'"}'),
+        ("run_policy_unknown", b'{"run_policy": "never"}'),
+        ("archived_string", b'{"archived": "yes"}'),
+        ("archived_number", b'{"archived": 1}'),
+        ("include_thinking_string", b'{"include_thinking": "true"}'),
+        ("unknown_field", b'{"archived": true, "archived_at": 0}'),
+    ]
+    rows += [Row(f"PATCH session body={n}", "PATCH", "/v1/sessions/{sid}", 400,
+                 "invalid_request", body=b) for n, b in patch]  # fmt: skip
     big = b'{"title": "' + b"x" * 70_000 + b'"}'
     for path in ("/v1/sessions", "/v1/sessions/{sid}/members", "/v1/sessions/{sid}/runs",
                  "/v1/runs/{rid}/interrupt", "/v1/runs/{rid}/approvals/{aid}"):  # fmt: skip
@@ -377,6 +392,22 @@ def _other_rows() -> list[Row]:
         Row("openapi junk query", "GET", "/v1/openapi.json?limit=%C2%B2", 200, None, user=None),
         Row("list sessions junk query", "GET", "/v1/sessions?limit=%C2%B2&after=%00", 200, None,
             reads=b"\xc2\xb2"),
+        Row("list sessions q NUL", "GET", "/v1/sessions?q=a%00", 400, "invalid_request"),
+        Row("list sessions q too long", "GET", "/v1/sessions?q=" + "x" * 201, 400,
+            "invalid_request"),
+        Row("list sessions q invalid UTF-8", "GET", "/v1/sessions?q=%FF%FE", 200, None,
+            reads=b"\xff\xfe"),
+        Row("list sessions archived=yes", "GET", "/v1/sessions?archived=yes", 400,
+            "invalid_request"),
+        Row("list sessions archived=NUL", "GET", "/v1/sessions?archived=%00", 400,
+            "invalid_request"),
+        Row("list sessions before junk", "GET", "/v1/sessions?before=x", 400, "invalid_cursor"),
+        Row("list sessions before superscript", "GET",
+            "/v1/sessions?before=%C2%B2.s_" + "A" * 22, 400, "invalid_cursor"),
+        Row("list sessions before NUL", "GET", "/v1/sessions?before=1.s_" + "A" * 21 + "%00",
+            400, "invalid_cursor"),
+        Row("list sessions before past year 9999", "GET",
+            "/v1/sessions?before=" + "9" * 18 + ".s_" + "A" * 22, 400, "invalid_cursor"),
         Row("ws access_token NUL", "GET", "/v1/ws?access_token=%00", 401, "unauthorized",
             user=None),
         Row("events access_token NUL", "GET", "/v1/runs/{rid}/events?access_token=a%00b", 401,

@@ -227,7 +227,7 @@ async def test_policies_set_at_creation_and_changed_by_owners_only_audited(
         ("mallory", {"include_tool_calls": True}, 403, "not_a_member"),
         ("alice", {}, 400, "invalid_request"),
         ("alice", {"include_tool_calls": "yes"}, 400, "invalid_request"),
-        ("alice", {"title": "x"}, 400, "invalid_request"),
+        ("alice", {"titel": "x"}, 400, "invalid_request"),
         ("alice", {"include_tool_calls": True}, 200, None),
     ]
     for user, body, status, code in cases:
@@ -236,8 +236,10 @@ async def test_policies_set_at_creation_and_changed_by_owners_only_audited(
             got = await r.json()
             if code is not None:
                 assert got["error"]["code"] == code
-    assert got == {"session_id": sid, "include_thinking": True, "include_tool_calls": True,
-                   "previous": {"include_thinking": True, "include_tool_calls": False}}  # fmt: skip
+    assert got == {"session_id": sid, "title": "", "run_policy": "enqueue",
+                   "include_thinking": True, "include_tool_calls": True, "archived_at": None,
+                   "previous": {"title": "", "run_policy": "enqueue", "include_thinking": True,
+                                "include_tool_calls": False, "archived_at": None}}  # fmt: skip
     async with http.get(url, headers=gw.headers("bob")) as r:
         info = await r.json()
     assert (info["include_thinking"], info["include_tool_calls"]) == (True, True)

@@ -15,7 +15,9 @@
 
 import { RunlogClient, tokenClaims } from "./runlog-client.js";
 import { RunView } from "./run-view.js";
-import { h, setText, untrusted, plainText, firstVisible, shortId, showError, clearError } from "./dom.js";
+import { h, setText, untrusted, plainText, firstVisible, showError, clearError } from "./dom.js";
+import { SessionList } from "./session-list.js";
+import { wireSettings, showSettings, memberControls, noAccessScreen } from "./session-admin.js";
 
 const TOKEN_KEY = "runlog.token";
 const GATEWAYS_KEY = "runlog.gateways";
@@ -138,7 +140,7 @@ const app = {
   client: null,
   me: null,
   role: null,
-  sessions: [],
+  list: null, // SessionList
   view: null, // SessionView
 };
 
@@ -176,6 +178,7 @@ function signIn(token, gateways) {
     },
   });
   window.runlogClient = app.client; // for the developer console
+  app.list = new SessionList(app.client, { onSelect: selectSession, activeId: () => app.view?.id });
   loadSessions().then(() => {
     const sid = hashParams().get("session");
     if (sid) openSession(sid);
@@ -218,7 +221,7 @@ function wireForms() {
       const title = $("new-session-title").value.trim();
       const { session_id } = await app.client.createSession({ title });
       $("new-session-title").value = "";
-      await loadSessions();
+      await app.list.load();
       selectSession(session_id);
     } catch (e) {
       showError($("sessions-error"), e);
@@ -257,7 +260,7 @@ function wireForms() {
     } catch (e) {
       showError($("composer-error"), e);
     } finally {
-      $("start-run").disabled = !view.canAct;
+      $("start-run").disabled = !view.canAct || view.archived;
     }
   });
   $("run-input").addEventListener("keydown", (ev) => {
@@ -281,40 +284,17 @@ function wireForms() {
     if (app.client) loadSessions();
     app.view?.refreshMembers();
   });
+  wireSettings();
   setInterval(() => app.view?.tick(), 1000);
 }
 
+// A refresh keeps the pages shown ("More sessions") and the search.
 async function loadSessions() {
-  clearError($("sessions-error"));
-  try {
-    app.sessions = await app.client.listSessions();
-  } catch (e) {
-    showError($("sessions-error"), e);
-    return;
-  }
-  renderSessions();
+  await app.list?.load({ keep: true });
 }
 
 function renderSessions() {
-  const ul = $("sessions");
-  ul.replaceChildren();
-  if (!app.sessions.length) {
-    ul.append(h("li", { class: "muted small" }, "No sessions yet."));
-    return;
-  }
-  for (const s of app.sessions) {
-    const active = app.view?.id === s.session_id;
-    ul.append(h("li", {},
-      h("button", {
-        type: "button",
-        class: `session-item${active ? " active" : ""}`,
-        "data-session-id": s.session_id,
-        onclick: () => selectSession(s.session_id),
-      },
-      h("span", { class: "session-name" }, s.title ? untrusted(s.title) : "Untitled session"),
-      h("span", { class: "session-meta" }, `${s.your_role} · ${shortId(s.session_id)}`)),
-    ));
-  }
+  app.list?.render();
 }
 
 function selectSession(id) {
@@ -333,8 +313,8 @@ async function openSession(id) {
     $("composer").hidden = true;
     $("members-panel").hidden = true;
     $("empty").hidden = false;
-    $("empty").replaceChildren(h("h1", {}, "Cannot open this session"),
-      h("p", { class: "error-text" }, `${e.code}: `, untrusted(e.message)));
+    $("empty").replaceChildren(...noAccessScreen(e));
+    if (e.code === "not_a_member") loadSessions(); // it leaves the list too
     return;
   }
   if (app.view) app.view.close(); // a later click won the race
@@ -351,14 +331,11 @@ class SessionView {
     this.canAct = this.role === "owner" || this.role === "approver";
     this.runs = new Map();
     this.members = info.members;
-    const listed = app.sessions.find((s) => s.session_id === this.id);
-    const title = listed?.title;
-    document.title = `${title ? plainText(title) : "Untitled session"} · runlog`;
-    setText($("session-title"), title ? untrusted(title) : "Untitled session");
+    this.client = app.client;
+    this.showInfo(info);
     setText($("session-id"), this.id);
     setText($("session-role"), this.role);
     $("session-role").dataset.role = this.role;
-    setText($("session-policy"), `new runs: ${info.run_policy}`);
     $("runs").replaceChildren();
     $("runs-empty").hidden = false;
     $("empty").hidden = true;
@@ -366,11 +343,8 @@ class SessionView {
     $("composer").hidden = false;
     $("members-panel").hidden = false;
     $("add-member").hidden = this.role !== "owner";
-    $("run-input").disabled = !this.canAct;
-    $("start-run").disabled = !this.canAct;
-    $("composer-note").hidden = this.canAct;
-    setText($("composer-note"), this.canAct ? "" : "You are a viewer: you can watch runs, not start or stop them.");
     clearError($("composer-error"));
+    clearError($("members-error"));
     this.renderMembers();
     indicator.set("connecting");
     this.sub = app.client.subscribe({
@@ -379,10 +353,40 @@ class SessionView {
       onEvent: (cursor, event) => this.apply(cursor, event),
       onState: (state, i) => indicator.set(state, i),
       onError: (e) => {
+        // `forbidden`: an owner removed or demoted me (the server ended the
+        // stream): open the session again, as what I am now.
+        // (Not for a refused subscribe: opening again would be refused again.)
+        if (e.code === "forbidden" && this.sub?.subscribedOnce && app.view === this) {
+          return openSession(this.id);
+        }
         indicator.set("stopped");
         showError($("composer-error"), e);
       },
     });
+  }
+
+  // Title, policy, archived state (GET /v1/sessions/{id}): also for a session
+  // opened by link that is not in the list's pages.
+  showInfo(info) {
+    const title = info.title;
+    document.title = `${title ? plainText(title) : "Untitled session"} · runlog`;
+    setText($("session-title"), title ? untrusted(title) : "Untitled session");
+    setText($("session-policy"), `new runs: ${info.run_policy}`);
+    this.archived = Boolean(info.archived_at);
+    const canStart = this.canAct && !this.archived;
+    $("run-input").disabled = !canStart;
+    $("start-run").disabled = !canStart;
+    $("composer-note").hidden = canStart;
+    setText($("composer-note"), canStart ? ""
+      : this.archived ? "This session is archived: no new runs."
+        : "You are a viewer: you can watch runs, not start or stop them.");
+    showSettings(this, info);
+  }
+
+  // After an owner's change here: the settings, the members and the list.
+  async refresh() {
+    await this.refreshMembers();
+    await loadSessions();
   }
 
   close() {
@@ -413,9 +417,12 @@ class SessionView {
     try {
       const info = await app.client.getSession(this.id);
       if (app.view !== this) return;
+      if (info.your_role !== this.role) return openSession(this.id); // redraw as what I am now
       this.members = info.members;
+      this.showInfo(info);
       this.renderMembers();
-    } catch {
+    } catch (e) {
+      if (e?.code === "not_a_member" && app.view === this) return openSession(this.id);
       /* keep the last list */
     }
   }
@@ -428,7 +435,9 @@ class SessionView {
         h("span", { class: "avatar", "aria-hidden": "true" }, (firstVisible(m.user_id) || "?").toUpperCase()),
         h("span", { class: "member-name" }, untrusted(m.user_id),
           m.user_id === app.me ? h("span", { class: "muted" }, " (you)") : null),
-        h("span", { class: `role role-${m.role}` }, m.role)));
+        this.role === "owner"
+          ? memberControls(this, m, () => this.refreshMembers())
+          : h("span", { class: `role role-${m.role}` }, m.role)));
     }
   }
 }

@@ -34,7 +34,8 @@
  * (one EventSource per subscription, resumed with `?after=`), and tries the
  * WebSocket again every `wsRetryMs`.
  *
- * REST helpers (createSession, listSessions, getSession, addMember, startRun,
+ * REST helpers (createSession, listSessions, sessionsPage, getSession,
+ * updateSession, addMember, setMemberRole, removeMember, startRun,
  * getRun, runEvents, sessionEvents, interrupt, decide) go to the gateway the
  * WebSocket is connected to; reads and idempotent writes fail over to the
  * other gateways, starting a run or creating a session does not (a retry
@@ -706,17 +707,51 @@ export class RunlogClient {
     return this.request("POST", "/v1/sessions", { title, ...(runPolicy ? { run_policy: runPolicy } : {}) });
   }
 
+  /** The first page of your sessions (newest first; see sessionsPage). */
   async listSessions() {
     return (await this.request("GET", "/v1/sessions")).sessions;
+  }
+
+  /**
+   * One page of your sessions: `{sessions, next_before}`. `q`: the title
+   * contains it (any case); `archived`: only the archived ones; `before`: a
+   * page's `next_before` (null on the last page).
+   */
+  sessionsPage({ q = "", archived = false, before = null } = {}) {
+    const params = new URLSearchParams();
+    if (q) params.set("q", q);
+    if (archived) params.set("archived", "true");
+    if (before) params.set("before", before);
+    const query = params.toString();
+    return this.request("GET", `/v1/sessions${query ? `?${query}` : ""}`);
   }
 
   getSession(sessionId) {
     return this.request("GET", `/v1/sessions/${encodeURIComponent(sessionId)}`);
   }
 
+  /** Owners: `{title?, run_policy?, include_thinking?, include_tool_calls?, archived?}`. */
+  updateSession(sessionId, changes) {
+    return this.request("PATCH", `/v1/sessions/${encodeURIComponent(sessionId)}`, changes, { failover: true });
+  }
+
   addMember(sessionId, userId, role) {
     return this.request("POST", `/v1/sessions/${encodeURIComponent(sessionId)}/members`,
       { user_id: userId, role }, { failover: true });
+  }
+
+  /** Owners: change a member's role (409 `last_owner` for the last owner). */
+  setMemberRole(sessionId, userId, role) {
+    return this.request("PATCH",
+      `/v1/sessions/${encodeURIComponent(sessionId)}/members/${encodeURIComponent(userId)}`,
+      { role }, { failover: true });
+  }
+
+  /** Owners: remove a member (its streams of the session end on every gateway). */
+  removeMember(sessionId, userId) {
+    return this.request("DELETE",
+      `/v1/sessions/${encodeURIComponent(sessionId)}/members/${encodeURIComponent(userId)}`,
+      undefined, { failover: true });
   }
 
   startRun(sessionId, { input = "", model } = {}) {
