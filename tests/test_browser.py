@@ -381,6 +381,7 @@ _RENDERED_JS = r"""(runId) => {
       member: isolation(document.getElementById("members"), "bob"),
       toolName: isolation(tool("call_1").querySelector(".tool-head"), "send_"),
       args: isolation(tool("call_2"), "rm -rf"),
+      approvalArgs: isolation(approval.querySelector(".approval-args"), "rm -rf"),
       approvalTool: isolation(approval.querySelector(".approval-head"), "run_shell"),
       summary: isolation(approval, "tidy the temp folder"),
       decidedBy: isolation(approval.querySelector(".approval-decision"), "bob"),
@@ -458,7 +459,9 @@ async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
     assert got["summary"] == "run_shell: tidy the temp folder ⟨U+202E⟩/ fr- mr⟨U+202C⟩⟨U+200B⟩"
     assert got["decision"] == "Rejected by bob⟨U+200B⟩ — “not ⟨U+202E⟩yako⟨U+202C⟩”"
     assert got["markers"] == [
-        "⟨U+202E⟩", "⟨U+202C⟩", "⟨U+200B⟩", "⟨U+200B⟩", "⟨U+202E⟩", "⟨U+202C⟩",
+        "⟨U+202E⟩", "⟨U+202C⟩", "⟨U+200B⟩",  # the summary
+        "⟨U+202E⟩", "⟨U+200B⟩",  # the arguments, pretty-printed (the escapes decoded)
+        "⟨U+200B⟩", "⟨U+202E⟩", "⟨U+202C⟩",  # who decided, the comment
     ]  # fmt: skip
     assert got["rawInApproval"] is False
     assert got["rawOutsideProse"] is False
@@ -467,6 +470,7 @@ async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
     assert got["isolated"] == {
         "sessionTitle": auto, "sessionName": auto, "member": auto, "toolName": auto,
         "args": ["pre", "ltr", "isolate"],  # code reads left to right
+        "approvalArgs": ["pre", "ltr", "isolate"],
         "approvalTool": auto, "summary": auto, "decidedBy": auto, "comment": auto,
         "message": ["div", "auto", "isolate"],  # ...isolated
     }  # fmt: skip
