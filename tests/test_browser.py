@@ -246,8 +246,8 @@ async def test_reload_mid_run_restores_history_without_duplicates_then_live(
     sid = await _session(http, a.url, token)
     alice = await pages.open("alice", console_url(a.url, token, session=sid))
     await _live(alice)
-    text = " " + _words(400)
-    run_id = await _start_run(http, a.url, token, sid, "echo:" + text)
+    text = _words(400)
+    run_id = await _start_run(http, a.url, token, sid, "echo: " + text)
     await wait_for_words(alice, run_id, 30)
 
     await alice.reload()  # the token and session come back from sessionStorage and the URL
@@ -275,8 +275,8 @@ async def test_gateway_killed_page_resumes_on_the_other_without_gap_or_duplicate
         await _live(alice)
         gateway = alice.locator("#gateway")
         await expect(gateway).to_have_attribute("data-gateway", c.url)
-        text = " " + _words(400)
-        run_id = await _start_run(http, d.url, token, sid, "echo:" + text)
+        text = _words(400)
+        run_id = await _start_run(http, d.url, token, sid, "echo: " + text)
         await wait_for_words(alice, run_id, 40)
 
         c.kill()  # no goodbye: the page just sees its connection drop
@@ -312,7 +312,7 @@ async def test_model_text_with_html_is_shown_as_text(
     run_id = await first_run_id(alice)
     card = run_card(alice, run_id)
     await expect(card).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
-    assert await page_text(alice, run_id) == " " + payload
+    assert await page_text(alice, run_id) == payload
     await expect(card.locator(".run-input")).to_contain_text(payload)
     assert await alice.evaluate("window.__xss") is None
     for selector in ("img", "b", "a", "#injected", "body script:not([src])", "main script"):
@@ -381,6 +381,7 @@ _RENDERED_JS = r"""(runId) => {
       member: isolation(document.getElementById("members"), "bob"),
       toolName: isolation(tool("call_1").querySelector(".tool-head"), "send_"),
       args: isolation(tool("call_2"), "rm -rf"),
+      approvalArgs: isolation(approval.querySelector(".approval-args"), "rm -rf"),
       approvalTool: isolation(approval.querySelector(".approval-head"), "run_shell"),
       summary: isolation(approval, "tidy the temp folder"),
       decidedBy: isolation(approval.querySelector(".approval-decision"), "bob"),
@@ -458,7 +459,9 @@ async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
     assert got["summary"] == "run_shell: tidy the temp folder ⟨U+202E⟩/ fr- mr⟨U+202C⟩⟨U+200B⟩"
     assert got["decision"] == "Rejected by bob⟨U+200B⟩ — “not ⟨U+202E⟩yako⟨U+202C⟩”"
     assert got["markers"] == [
-        "⟨U+202E⟩", "⟨U+202C⟩", "⟨U+200B⟩", "⟨U+200B⟩", "⟨U+202E⟩", "⟨U+202C⟩",
+        "⟨U+202E⟩", "⟨U+202C⟩", "⟨U+200B⟩",  # the summary
+        "⟨U+202E⟩", "⟨U+200B⟩",  # the arguments, pretty-printed (the escapes decoded)
+        "⟨U+200B⟩", "⟨U+202E⟩", "⟨U+202C⟩",  # who decided, the comment
     ]  # fmt: skip
     assert got["rawInApproval"] is False
     assert got["rawOutsideProse"] is False
@@ -467,6 +470,7 @@ async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
     assert got["isolated"] == {
         "sessionTitle": auto, "sessionName": auto, "member": auto, "toolName": auto,
         "args": ["pre", "ltr", "isolate"],  # code reads left to right
+        "approvalArgs": ["pre", "ltr", "isolate"],
         "approvalTool": auto, "summary": auto, "decidedBy": auto, "comment": auto,
         "message": ["div", "auto", "isolate"],  # ...isolated
     }  # fmt: skip
@@ -546,8 +550,8 @@ async def test_falls_back_to_sse_when_websockets_are_blocked(
     )
     await _live(alice)
     assert attempts >= 3
-    text = " " + _words(60)
-    run_id = await _start_run(http, a.url, token, sid, "echo:" + text)
+    text = _words(60)
+    run_id = await _start_run(http, a.url, token, sid, "echo: " + text)
     card = run_card(alice, run_id)
     await expect(card).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
     got = await page_text(alice, run_id)
@@ -582,8 +586,8 @@ async def test_silent_connection_is_dropped_after_the_heartbeat_timeout_and_resu
         await ctx.route_web_socket(re.compile(r".*/v1/ws$"), proxy)
         alice = await pages.open_in(ctx, "alice", console_url(g.url, token, session=sid))
         await _live(alice)
-        text = " " + _words(320)
-        run_id = await _start_run(http, g.url, token, sid, "echo:" + text)
+        text = _words(320)
+        run_id = await _start_run(http, g.url, token, sid, "echo: " + text)
         await wait_for_words(alice, run_id, 20)
         muted.set()
         card = run_card(alice, run_id)

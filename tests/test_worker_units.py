@@ -77,7 +77,14 @@ async def test_scripted_default_script_turn_by_turn() -> None:
 
 async def test_scripted_keywords() -> None:
     echo = await _turn([Message(role="user", content="echo: <i>hi</i>")])
-    assert "".join(i.text for i in echo if isinstance(i, TextChunk)) == " <i>hi</i>"
+    assert "".join(i.text for i in echo if isinstance(i, TextChunk)) == "<i>hi</i>"  # no separator
+    for given, answer in [
+        ("echo:hi", "hi"),
+        ("echo:  two spaces", " two spaces"),
+        ("echo:\n x", "\n x"),
+    ]:
+        echo = await _turn([Message(role="user", content=given)])
+        assert "".join(i.text for i in echo if isinstance(i, TextChunk)) == answer, given
     install = await _turn([Message(role="user", content="how do I install it? no tools")])
     assert isinstance(install[-1], Finish)  # "install" is not the keyword "stall"
     with pytest.raises(ModelError) as info:

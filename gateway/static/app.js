@@ -15,11 +15,13 @@
 
 import { RunlogClient, tokenClaims } from "./runlog-client.js";
 import { RunView } from "./run-view.js";
-import { h, setText, untrusted, plainText, firstVisible, showError, clearError } from "./dom.js";
+import { h, setText, untrusted, plainText, firstVisible, shortId, showError, clearError } from "./dom.js";
 import { SessionList } from "./session-list.js";
 import { wireSettings, showSettings, memberControls, noAccessScreen } from "./session-admin.js";
+import { authProblem } from "./states.js";
 
 const TOKEN_KEY = "runlog.token";
+const AUTH_CODES = new Set(["unauthorized", "token_expired", "token_revoked"]);
 const GATEWAYS_KEY = "runlog.gateways";
 const $ = (id) => document.getElementById(id);
 
@@ -128,9 +130,14 @@ const indicator = {
     const text = { connecting: "connecting…", reconnecting: "reconnecting…", stopped: "disconnected" }[state] ?? state;
     this.show(state, text);
   },
-  show(kind, text) {
+  show(kind, ...text) {
+    clearTimeout(this.hold);
     $("conn").dataset.state = kind;
-    setText($("conn-text"), text);
+    setText($("conn-text"), ...text);
+  },
+  // No session open, so no stream to be connected to: say what is true.
+  home() {
+    if (!app.view) this.show("idle", "signed in as ", untrusted(app.me), " · pick or create a session");
   },
 };
 
@@ -148,23 +155,37 @@ async function start() {
   wireForms();
   const cfg = readConfig();
   const gateways = await allowedGateways(cfg.gateways); // before any token goes anywhere
-  const claims = cfg.token ? tokenClaims(cfg.token) : null;
-  if (!cfg.token || !claims || (claims.exp && claims.exp * 1000 < Date.now())) {
-    askForToken(cfg.token ? "Your sign-in has expired. Open a new console link, or paste a token:" : null)
-      .then((token) => signIn(token, gateways));
+  const problem = cfg.token ? tokenProblem(cfg.token) : "signed_out";
+  if (problem) {
+    askForToken(problem).then((token) => signIn(token, gateways));
     return;
   }
   signIn(cfg.token, gateways);
 }
 
-function signIn(token, gateways) {
+// What is wrong with a token before any gateway sees it: "malformed" (not a
+// JWT), "token_expired" (its exp has passed), or null. A bad signature only
+// the gateway can tell (401 unauthorized).
+function tokenProblem(token) {
+  const claims = tokenClaims(token);
+  if (!claims || typeof claims !== "object") return "malformed";
+  if (typeof claims.exp === "number" && claims.exp * 1000 < Date.now()) return "token_expired";
+  return null;
+}
+
+function showMe(token) {
   app.me = tokenClaims(token)?.sub ?? "?";
   setText($("me"), untrusted(app.me));
   $("me").title = `signed in as ${plainText(app.me)}`;
+}
+
+function signIn(token, gateways) {
+  showMe(token);
+  indicator.home();
   app.client = new RunlogClient({
     baseUrls: gateways,
     token,
-    onAuthNeeded: () => askForToken("Your sign-in has expired. Open a new console link, or paste a token:"),
+    onAuthNeeded: (info) => askForToken(info?.code, info?.message),
     onConnection: (c) => {
       let host = c.baseUrl;
       try {
@@ -185,11 +206,18 @@ function signIn(token, gateways) {
   });
 }
 
+function showAuthProblem(code, message = "") {
+  if (code !== "signed_out") setText($("auth-text"), authProblem(code, message));
+  $("auth-banner").dataset.code = code ?? "";
+}
+
 let pendingAuth = null;
-function askForToken(message) {
+// `code`: why a token is needed (authProblem); "signed_out" keeps the page's own words.
+function askForToken(code, message = "") {
   if (pendingAuth) return pendingAuth.promise;
   const banner = $("auth-banner");
-  if (message) setText($("auth-text"), message);
+  showAuthProblem(code, message);
+  if (app.client) indicator.show("stopped", "sign-in needed"); // a token was in use: it no longer is
   banner.hidden = false;
   let resolve;
   const promise = new Promise((r) => (resolve = r));
@@ -202,12 +230,21 @@ function wireForms() {
     ev.preventDefault();
     const token = $("auth-token").value.trim();
     if (!token || !pendingAuth) return;
+    const problem = tokenProblem(token);
+    if (problem) {
+      // Told here, before the token goes anywhere; the banner stays for another.
+      showAuthProblem(problem);
+      return;
+    }
     sessionStorage.setItem(TOKEN_KEY, token);
     $("auth-token").value = "";
     $("auth-banner").hidden = true;
     const { resolve } = pendingAuth;
     pendingAuth = null;
-    if (app.client) app.client.setToken(token);
+    if (app.client) {
+      app.client.setToken(token);
+      showMe(token);
+    }
     resolve(token);
   });
 
@@ -224,7 +261,7 @@ function wireForms() {
       await app.list.load();
       selectSession(session_id);
     } catch (e) {
-      showError($("sessions-error"), e);
+      showError($("sessions-error"), e, () => $("new-session").requestSubmit());
     } finally {
       if (btn) btn.disabled = false;
     }
@@ -242,7 +279,7 @@ function wireForms() {
       $("member-user").value = "";
       await view.refreshMembers();
     } catch (e) {
-      showError($("member-error"), e);
+      showError($("member-error"), e, () => $("add-member").requestSubmit());
     }
   });
 
@@ -258,7 +295,7 @@ function wireForms() {
       await app.client.startRun(view.id, { input });
       $("run-input").value = "";
     } catch (e) {
-      showError($("composer-error"), e);
+      showError($("composer-error"), e, () => composer.requestSubmit());
     } finally {
       $("start-run").disabled = !view.canAct || view.archived;
     }
@@ -290,7 +327,22 @@ function wireForms() {
 
 // A refresh keeps the pages shown ("More sessions") and the search.
 async function loadSessions() {
-  await app.list?.load({ keep: true });
+  if (!app.list) return;
+  const ok = await app.list.load({
+    keep: true,
+    onError: (e) => {
+      if (AUTH_CODES.has(e.code)) {
+        // Refused again after a new token (the client asks once per request): ask again.
+        askForToken(e.code, e.message).then(() => loadSessions());
+        return;
+      }
+      showError($("sessions-error"), e, () => loadSessions());
+      if (!app.view) {
+        indicator.show("stopped", e.code === "network_error" ? "cannot reach the gateway" : `gateway error: ${e.code}`);
+      }
+    },
+  });
+  if (ok) indicator.home();
 }
 
 function renderSessions() {
@@ -313,8 +365,15 @@ async function openSession(id) {
     $("composer").hidden = true;
     $("members-panel").hidden = true;
     $("empty").hidden = false;
-    $("empty").replaceChildren(...noAccessScreen(e));
-    if (e.code === "not_a_member") loadSessions(); // it leaves the list too
+    if (e.code === "not_a_member") {
+      $("empty").replaceChildren(...noAccessScreen(e));
+      loadSessions(); // it leaves the list too
+    } else {
+      const err = h("p", { class: "error-text" });
+      showError(err, e, () => openSession(id));
+      $("empty").replaceChildren(h("h1", {}, "Cannot open this session"), err);
+    }
+    indicator.home();
     return;
   }
   if (app.view) app.view.close(); // a later click won the race
@@ -431,10 +490,15 @@ class SessionView {
     const ul = $("members");
     ul.replaceChildren();
     for (const m of this.members) {
-      ul.append(h("li", { class: "member", "data-user": m.user_id, "data-role": m.role },
+      // You, once: a user whose id is "you" (runlog up's) is not "you (you)".
+      const me = m.user_id === app.me;
+      ul.append(h("li", {
+        class: `member${me ? " me" : ""}`, "data-user": m.user_id, "data-role": m.role,
+        "data-me": me ? "true" : null, title: me ? `you are signed in as ${plainText(m.user_id)}` : null,
+      },
         h("span", { class: "avatar", "aria-hidden": "true" }, (firstVisible(m.user_id) || "?").toUpperCase()),
         h("span", { class: "member-name" }, untrusted(m.user_id),
-          m.user_id === app.me ? h("span", { class: "muted" }, " (you)") : null),
+          me && m.user_id !== "you" ? h("span", { class: "muted you" }, " (you)") : null),
         this.role === "owner"
           ? memberControls(this, m, () => this.refreshMembers())
           : h("span", { class: `role role-${m.role}` }, m.role)));

@@ -178,10 +178,23 @@ export function timeOf(ms) {
   return ms ? new Date(ms).toLocaleTimeString() : "";
 }
 
-export function showError(el, err) {
+/** Show `err` in `el`. A `retryable` error (the gateway's error bodies carry
+ * the flag; a network error is one) gets a Retry button when `retry` is
+ * given: it clears the error and calls `retry()`. */
+export function showError(el, err, retry = null) {
   // A message may quote what a client sent: an untrusted value.
   if (err?.code) setText(el, `${err.code}: `, untrusted(err.message));
   else setText(el, untrusted(err?.message ?? err));
+  if (err?.retryable && retry) {
+    el.append(" ", h("button", {
+      type: "button", class: "retry",
+      onclick: () => {
+        clearError(el);
+        retry();
+      },
+    }, "Retry"));
+  }
+  el.dataset.code = err?.code ?? "";
   el.hidden = false;
 }
 

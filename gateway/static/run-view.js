@@ -12,6 +12,8 @@
 // markers), each in an element with its own `dir`.
 
 import { h, setText, untrusted, prose, TextStream, shortId, showError, clearError, timeOf } from "./dom.js";
+import { ApprovalCard, prettyJson } from "./approval-card.js";
+import { usageText, copyButton } from "./states.js";
 
 const STATUS_LABELS = {
   running: "running",
@@ -22,7 +24,6 @@ const STATUS_LABELS = {
   failed: "failed",
   waiting_approval: "waiting for approval",
 };
-const DECISION_LABELS = { approve: "Approved", reject: "Rejected", expired: "Expired" };
 
 export class RunView {
   /** ctx: { client, canAct, me } */
@@ -31,6 +32,7 @@ export class RunView {
     this.ctx = ctx;
     this.ended = false;
     this.startTs = 0;
+    this.streamed = 0; // text and reasoning deltas seen (≈ tokens), for a run_end without usage
     this.texts = new Map(); // message_id -> { el, node }
     this.reasonings = new Map(); // message_id -> { el, node, touched }
     this.tools = new Map(); // tool_call_id -> ToolCard
@@ -50,7 +52,8 @@ export class RunView {
     this.footer.hidden = true;
     this.el = h("article", { class: "run", "data-run-id": runId },
       h("header", { class: "run-head" },
-        h("span", { class: "run-title" }, "Run ", h("span", { class: "mono" }, shortId(runId))),
+        h("span", { class: "run-title" }, "Run ", h("span", { class: "mono run-id", title: runId }, shortId(runId)),
+          copyButton(runId, "run id")),
         this.meta, h("span", { class: "spacer" }), this.badge, this.stopBtn),
       this.input, this.body, this.error, this.footer);
     this.setStatus("running");
@@ -79,9 +82,11 @@ export class RunView {
         break;
       }
       case "reasoning_delta":
+        this.streamed++;
         this.reasoning(e.message_id).stream.append(e.delta);
         break;
       case "text_delta":
+        this.streamed++;
         this.text(e.message_id).stream.append(e.delta);
         break;
       case "message_reset": {
@@ -115,11 +120,12 @@ export class RunView {
         break;
       case "tool_result":
         this.tools.get(e.tool_call_id)?.result(e);
+        for (const a of this.approvals.values()) if (a.toolCallId === e.tool_call_id) a.toolResult(e);
         break;
       case "approval_required": {
         const tool = this.tools.get(e.tool_call_id);
         tool?.awaitingApproval();
-        const card = new ApprovalCard(e, this, tool?.name ?? "");
+        const card = new ApprovalCard(e, this, tool);
         this.approvals.set(e.approval_id, card);
         this.add(card.el);
         if (!this.ended) this.setStatus("waiting");
@@ -204,7 +210,7 @@ export class RunView {
     try {
       await this.ctx.client.interrupt(this.id, "stopped from the console");
     } catch (e) {
-      showError(this.error, e);
+      showError(this.error, e, () => this.stop());
       if (!this.ended) {
         this.stopBtn.disabled = false;
         setText(this.stopBtn, "Stop");
@@ -217,14 +223,10 @@ export class RunView {
     this.foldReasoning();
     this.setStatus(e.status);
     this.stopBtn.hidden = true;
-    for (const a of this.approvals.values()) a.runEnded();
+    for (const a of this.approvals.values()) a.runEnded(e.status);
     const parts = [h("strong", {}, STATUS_LABELS[e.status] ?? e.status)];
     if (this.startTs && e.ts) parts.push(` · ${((e.ts - this.startTs) / 1000).toFixed(1)} s`);
-    if (e.usage) {
-      const u = e.usage;
-      parts.push(` · ${u.input_tokens} tokens in, ${u.output_tokens} out`
-        + (u.reasoning_tokens ? ` (${u.reasoning_tokens} reasoning)` : ""));
-    }
+    parts.push(" · ", h("span", { class: "usage" }, usageText(e.usage, this.streamed)));
     const children = [h("div", { class: "end-line" }, parts)];
     if (e.stop) children.push(this.stopAudit(e.stop));
     setText(this.footer, ...children);
@@ -282,12 +284,9 @@ class ToolCard {
     setText(this.state, "running…");
     const raw = this.argsText.text;
     if (raw.length <= 100) return; // short arguments read best on one line
-    try {
-      // Decodes \u escapes: shown through the stream, with markers, like the rest.
-      this.argsText.set(JSON.stringify(JSON.parse(raw), null, 2));
-    } catch {
-      /* keep the raw text */
-    }
+    // Decodes \u escapes: shown through the stream, with markers, like the rest.
+    const pretty = prettyJson(raw);
+    if (pretty !== null) this.argsText.set(pretty);
   }
 
   awaitingApproval() {
@@ -316,80 +315,5 @@ class ToolCard {
     }
     setText(this.resultEl, ...parts);
     this.resultEl.hidden = !parts.length;
-  }
-}
-
-class ApprovalCard {
-  constructor(e, run, toolName) {
-    this.run = run;
-    this.id = e.approval_id;
-    this.expiresAt = e.expires_at;
-    this.pending = true;
-    this.expires = h("span", { class: "expires" });
-    this.title = h("strong", {}, "Approval needed");
-    this.error = h("p", { class: "error-text" });
-    this.error.hidden = true;
-    this.decision = h("div", { class: "approval-decision" });
-    this.decision.hidden = true;
-    this.approveBtn = h("button", { type: "button", class: "approve", onclick: () => this.decide("approve") }, "Approve");
-    this.rejectBtn = h("button", { type: "button", class: "reject", onclick: () => this.decide("reject") }, "Reject");
-    this.actions = run.ctx.canAct
-      ? h("div", { class: "approval-actions" }, this.approveBtn, this.rejectBtn)
-      : h("div", { class: "approval-actions readonly" }, "Waiting for an owner or approver to decide.");
-    this.el = h("div", { class: "approval", "data-approval-id": e.approval_id, "data-state": "pending" },
-      h("div", { class: "approval-head" },
-        h("span", { class: "approval-icon", "aria-hidden": "true" }, "!"),
-        this.title,
-        toolName ? h("span", { class: "tool-name" }, untrusted(toolName)) : null,
-        h("span", { class: "spacer" }), this.expires),
-      h("div", { class: "approval-summary" }, untrusted(e.summary)),
-      this.actions, this.decision, this.error);
-    this.tick();
-  }
-
-  tick() {
-    if (!this.pending) return;
-    const left = Math.max(0, Math.round((this.expiresAt - Date.now()) / 1000));
-    const mm = Math.floor(left / 60);
-    const ss = String(left % 60).padStart(2, "0");
-    setText(this.expires, this.expiresAt ? `expires in ${mm}:${ss}` : "");
-  }
-
-  async decide(decision) {
-    this.approveBtn.disabled = this.rejectBtn.disabled = true;
-    clearError(this.error);
-    try {
-      await this.run.ctx.client.decide(this.run.id, this.id, decision);
-    } catch (e) {
-      showError(this.error, e);
-      const final = ["approval_conflict", "approval_expired", "run_ended", "forbidden"].includes(e.code);
-      if (this.pending && !final) this.approveBtn.disabled = this.rejectBtn.disabled = false;
-    }
-  }
-
-  decided(e) {
-    this.pending = false;
-    setText(this.expires);
-    this.el.dataset.state = e.decision;
-    setText(this.title, "Approval");
-    this.actions.hidden = true;
-    clearError(this.error);
-    const who = e.decision === "expired" ? " nobody decided in time"
-      : [" by ", e.decided_by ? untrusted(e.decided_by) : "?"];
-    setText(this.decision, h("strong", {}, DECISION_LABELS[e.decision] ?? untrusted(e.decision)), who,
-      e.comment ? [" — “", untrusted(e.comment), "”"] : "");
-    this.decision.dataset.decision = e.decision;
-    this.decision.dataset.decidedBy = e.decided_by || "";
-    this.decision.hidden = false;
-  }
-
-  runEnded() {
-    if (!this.pending) return;
-    this.pending = false;
-    setText(this.expires);
-    this.actions.hidden = true;
-    this.el.dataset.state = "closed";
-    setText(this.decision, "The run ended before a decision.");
-    this.decision.hidden = false;
   }
 }

@@ -695,7 +695,7 @@ export class RunlogClient {
         code: `http_${res.status}`, message: res.statusText, ...(data?.error ?? {}), status: res.status,
       });
       if (retryAuth && AUTH_CODES.has(err.code) && this.onAuthNeeded) {
-        const token = await this._reauth({ code: err.code });
+        const token = await this._reauth({ code: err.code, message: err.message });
         if (token) return this.request(method, path, body, { failover, retryAuth: false });
       }
       throw err;

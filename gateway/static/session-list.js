@@ -34,8 +34,9 @@ export class SessionList {
     return $("show-archived").checked;
   }
 
-  /** The first page again, or as many pages as are shown (a refresh keeps "More"). */
-  async load({ keep = false } = {}) {
+  /** The first page again, or as many pages as are shown (a refresh keeps "More").
+   * Whether it loaded; a failure goes to `onError`, else to the list's error line. */
+  async load({ keep = false, onError = null } = {}) {
     const n = ++this.loads;
     const want = keep ? Math.max(1, this.items.length) : 1;
     clearError($("sessions-error"));
@@ -48,13 +49,17 @@ export class SessionList {
         next = page.next_before;
       } while (next && items.length < want);
     } catch (e) {
-      if (n === this.loads) showError($("sessions-error"), e);
-      return;
+      if (n === this.loads) {
+        if (onError) onError(e);
+        else showError($("sessions-error"), e, () => this.load({ keep }));
+      }
+      return false;
     }
-    if (n !== this.loads) return;
+    if (n !== this.loads) return false;
     this.items = items;
     this.next = next;
     this.render();
+    return true;
   }
 
   async more() {

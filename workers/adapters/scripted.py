@@ -10,7 +10,7 @@ The user's input steers it (case-insensitive whole words, first match wins):
 
 | input | behaviour |
 |---|---|
-| starts with `echo:` | answers with the rest of the input, verbatim; no tools |
+| starts with `echo:` | answers with the rest of the input verbatim (one space after the colon is the separator, not text); no tools |
 | contains `fail model` | a few tokens, then a `model_unavailable` error |
 | contains `stall` | a few tokens, then silence (for model timeouts) |
 | contains `long` | a long text answer (2,000 tokens); no tools |
@@ -64,6 +64,14 @@ _LONG_WORDS = (
 def tokens(text: str) -> list[str]:
     """Split text into word-sized tokens whose concatenation is `text`."""
     return _TOKEN_RE.findall(text)
+
+
+def echo_text(user_input: str) -> str:
+    """What `echo: <text>` answers: <text> as written. The one space after the
+    colon separates the keyword from the text (`echo: hi` answers `hi`, not
+    ` hi`); anything after it, leading spaces and newlines too, is the text."""
+    rest = user_input[len("echo:") :]
+    return rest[1:] if rest.startswith(" ") else rest
 
 
 class _Pacer:
@@ -121,7 +129,7 @@ class _Turn:
 
     async def play(self) -> AsyncIterator[ModelItem]:
         if self.input.startswith("echo:"):
-            async for item in self._text(self.input[len("echo:") :]):
+            async for item in self._text(echo_text(self.input)):
                 yield item
             yield self._finish("stop")
             return
