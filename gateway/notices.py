@@ -178,6 +178,7 @@ class Notices:
         hello = f is None
         if f is None:
             f = self._followed[sid] = _Followed()
+        if f.sub is None:  # new, or NATS refused it last time
             try:
                 f.sub = await self.gw.broker.bus.subscribe_notices(sid, self._on_notice)
             except _NATS_ERRORS as e:
