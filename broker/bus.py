@@ -202,6 +202,24 @@ class Bus:
 
         return await self.nc.subscribe(C.ACCESS_SUBJECT, cb=on_msg)
 
+    async def publish_notice(self, msg: control.SessionNotice) -> None:
+        """Tell the gateways that follow a session (core NATS: at most once)."""
+        await self.nc.publish(C.notice_subject(msg.session_id), control.encode(msg))
+
+    async def subscribe_notices(
+        self, session_id: str, callback: Callable[[control.SessionNotice], None]
+    ) -> Subscription:
+        async def on_msg(msg: Msg) -> None:
+            try:
+                notice = control.decode_notice(msg.data)
+            except msgspec.DecodeError:
+                log.error("undecodable session notice on %s", msg.subject)
+                return
+            if notice.session_id == session_id:
+                callback(notice)
+
+        return await self.nc.subscribe(C.notice_subject(session_id), cb=on_msg)
+
     async def subscribe_live(
         self, subject: str, callback: Callable[[LiveBatch], Awaitable[None] | None]
     ) -> Subscription:

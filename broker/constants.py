@@ -17,6 +17,8 @@ JOBS_SUBJECT = "runlog.job.run"
 CONTROL_SUBJECT_PREFIX = "runlog.ctl"
 # Access changes for every gateway (core NATS, no stream: see control.py).
 ACCESS_SUBJECT = "runlog.access"
+# Session notices between gateways (core NATS, no stream: presence, runs queued).
+NOTICE_SUBJECT_PREFIX = "runlog.notice"
 
 # Headers.
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -39,3 +41,7 @@ def session_events_filter(session_id: str) -> str:
 
 def control_subject(run_id: str) -> str:
     return f"{CONTROL_SUBJECT_PREFIX}.{run_id}"
+
+
+def notice_subject(session_id: str) -> str:
+    return f"{NOTICE_SUBJECT_PREFIX}.{session_id}"

@@ -13,6 +13,14 @@ Access changes (a member removed or demoted, a user's tokens revoked) go to
 every gateway on `runlog.access`, core NATS with no stream: each is recorded
 in PostgreSQL first, and a gateway that missed one (it was disconnected at
 that moment) finds it at its next access re-check (`access_recheck_s`).
+
+Session notices go between gateways on `runlog.notice.<session_id>`, core
+NATS, to the gateways that have clients watching that session (they are
+not part of the log): `Presence` (who watches a session through one
+gateway, refreshed every `presence_refresh_s` and forgotten after `ttl_s`)
+and `RunQueued` (a run that waits for earlier runs of its session; the run
+row in PostgreSQL is the fact, so a lost notice only delays the news until
+the run starts).
 """
 
 from __future__ import annotations
@@ -69,13 +77,41 @@ class TokensRevoked(msgspec.Struct, kw_only=True, tag="revoked", tag_field="kind
 
 AccessChange = MemberChanged | TokensRevoked
 
+
+class Presence(msgspec.Struct, kw_only=True, tag="presence", tag_field="kind"):
+    """Everyone who watches `session_id` through the gateway `origin` now (the
+    whole set, so a repeat or a reordering is harmless; empty: none left)."""
+
+    session_id: str
+    origin: str
+    users: list[str]
+    ttl_s: float  # forget this set ttl_s after it was received unless it is sent again
+    hello: bool = False  # the gateway just began to follow the session: answer with yours
+
+
+class RunQueued(msgspec.Struct, kw_only=True, tag="queued", tag_field="kind"):
+    """A run was created behind earlier unended runs of its session."""
+
+    session_id: str
+    run_id: str
+    started_by: str
+    input: str = ""  # its first QUEUED_INPUT_CHARS characters
+    created_at: int = 0  # ms since the epoch
+
+
+SessionNotice = Presence | RunQueued
+QUEUED_INPUT_CHARS = 1000
+
 _encoder = msgspec.json.Encoder()
 _job_decoder = msgspec.json.Decoder(RunJob)
 _control_decoder = msgspec.json.Decoder(ControlMessage)
 _access_decoder = msgspec.json.Decoder(AccessChange)
+_notice_decoder = msgspec.json.Decoder(SessionNotice)
 
 
-def encode(msg: RunJob | Interrupt | Decision | MemberChanged | TokensRevoked) -> bytes:
+def encode(
+    msg: RunJob | Interrupt | Decision | MemberChanged | TokensRevoked | Presence | RunQueued,
+) -> bytes:
     return _encoder.encode(msg)
 
 
@@ -89,3 +125,7 @@ def decode_control(data: bytes) -> ControlMessage:
 
 def decode_access(data: bytes) -> AccessChange:
     return _access_decoder.decode(data)
+
+
+def decode_notice(data: bytes) -> SessionNotice:
+    return _notice_decoder.decode(data)

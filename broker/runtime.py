@@ -100,6 +100,14 @@ class Broker:
     ) -> str:
         """Create a run (applying the session's run policy) and enqueue it for
         workers. Returns its id at once; `run_start` will be its first event."""
+        run_id, _ = await self.queue_run(session_id, started_by, input=input, model=model)
+        return run_id
+
+    async def queue_run(
+        self, session_id: str, started_by: str, *, input: str = "", model: str = ""
+    ) -> tuple[str, list[str]]:
+        """`start_run`, also returning the session's runs that had not ended
+        when it was created, oldest first: it starts once they have."""
         run_id, active = await self.store.create_run_checked(
             session_id, started_by, input=input, model=model
         )
@@ -111,7 +119,7 @@ class Broker:
                 control.RunJob(run_id=run_id, session_id=session_id, requested_at=_now_ms())
             )
         )
-        return run_id
+        return run_id, active
 
     async def interrupt(self, run_id: str, requested_by: str, reason: str = "") -> bool:
         """Record a stop request and send it to the run's owner. Returns whether

@@ -189,6 +189,12 @@ class Settings:
     hub_linger_s: float = _opt(
         5.0, "How long a gateway keeps following a run or session nobody watches (s)."
     )
+    presence_refresh_s: float = _opt(
+        5.0,
+        "How often a gateway re-announces who watches each session through it (s); "
+        "others forget an announcement 3 times this after it was sent, so a crashed "
+        "gateway's viewers leave within about 4 times this.",
+    )
     access_recheck_s: float = _opt(
         30.0,
         "How often a gateway re-checks, in one query, the roles and token revocations of "

@@ -27,7 +27,7 @@ from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 import asyncpg
 import msgspec
 
-from . import approvals, errors, ids, members, sessions
+from . import approvals, control, errors, ids, members, sessions
 from .settings import Settings
 
 ROLES = ("owner", "approver", "viewer")
@@ -147,6 +147,16 @@ class RunSummary(NamedTuple):
     last_seq: int
 
 
+class QueuedRun(NamedTuple):
+    """A run no worker has started yet (it waits for earlier runs of its session)."""
+
+    run_id: str
+    started_by: str
+    input: str  # its first control.QUEUED_INPUT_CHARS characters
+    created_at: int  # ms since the epoch
+    stop_requested_by: str | None
+
+
 class StreamPolicy(NamedTuple):
     """What the session lets a Sim agent-events-v1 client see (docs/compat.md)."""
 
@@ -163,6 +173,7 @@ class SessionInfo(NamedTuple):
     title: str = ""
     created_at_ms: int = 0
     archived_at_ms: int | None = None  # None: not archived
+    queued: tuple[QueuedRun, ...] = ()  # in the order they will start
 
 
 _PAGE_COLUMNS = "run_id, seq, cursor, type, payload"
@@ -349,7 +360,8 @@ class Store:
 
     @_reads("session read")
     async def session_info(self, session_id: str, runs_limit: int = 100) -> SessionInfo:
-        """A session's head, run policy, members (oldest first) and most recent runs."""
+        """A session's head, run policy, members (oldest first), most recent runs
+        and queued runs."""
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT last_cursor, run_policy, include_thinking, include_tool_calls, title,"
@@ -368,9 +380,20 @@ class Store:
                 session_id,
                 runs_limit,
             )
+            # The order earlier_active_runs waits in: the order they start.
+            queued = await conn.fetch(
+                "SELECT run_id, started_by, left(input, $3),"
+                " (extract(epoch FROM created_at) * 1000)::bigint, interrupt_requested_by"
+                " FROM runs WHERE session_id = $1 AND status = 'queued' AND ended_at IS NULL"
+                " ORDER BY created_at, run_id LIMIT $2",
+                session_id,
+                runs_limit,
+                control.QUEUED_INPUT_CHARS,
+            )
         return SessionInfo(
             row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs],
             StreamPolicy(row[2], row[3]), row[4], sessions.ms(row[5]) or 0, sessions.ms(row[6]),
+            tuple(QueuedRun(*r) for r in queued),
         )  # fmt: skip
 
     @_reads("approval read")

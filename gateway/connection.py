@@ -103,6 +103,11 @@ class Connection:
         socket keeps up (subclasses that can); False: queue them instead."""
         return False
 
+    def notice(self, type_: str, **fields: object) -> None:
+        """Send a message that is not in the log (presence, run_queued:
+        notices.py), in order with the events; protocols without a place
+        for one (the compat formats) ignore it."""
+
     # -- subscriptions
 
     def attach(self, key: str, member: Member) -> bool:

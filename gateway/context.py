@@ -23,6 +23,7 @@ from .access import Access
 from .admission import Admission
 from .hub import Hub
 from .metrics import GatewayMetrics
+from .notices import Notices
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -49,6 +50,8 @@ class Gateway:
         self.trimmer = Trimmer(settings.malloc_trim_s)
         self._run_sessions: dict[str, str] = {}
         self.access = Access(self)
+        self.notices = Notices(self)
+        self.hub.watch = self.notices
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
         self.own_origins = {
             public.rstrip("/"),
@@ -58,6 +61,7 @@ class Gateway:
 
     async def start(self) -> None:
         await self.access.start()
+        await self.notices.start()
 
     # -- auth helpers
 
@@ -120,6 +124,15 @@ class Gateway:
         compat format): the input fits an event, the role may start runs, the
         model is allowed, and a streamed answer is within the connection caps
         (checked before the run exists, not after). Returns the run id."""
+        run_id, _ = await self.queue_run(request, user, session_id, input, model, streamed=streamed)
+        return run_id
+
+    async def queue_run(
+        self, request: web.Request, user: str, session_id: str, input: str, model: str = "",
+        *, streamed: bool,
+    ) -> tuple[str, int]:  # fmt: skip
+        """`start_run`, also returning how many of the session's runs had not
+        ended when it was created (it starts once they have)."""
         # The input travels in the run's first event, which must fit an event.
         if len(input.encode()) > self.settings.max_event_bytes - 4096:
             raise errors.PayloadTooLarge(
@@ -129,7 +142,11 @@ class Gateway:
         models.check(self.settings, model)
         if streamed:
             self.admission.check(self.admission.client_ip(request), user)
-        return await self.broker.start_run(session_id, user, input=input, model=model)
+        run_id, ahead = await self.broker.queue_run(session_id, user, input=input, model=model)
+        if ahead:
+            # It waits for them: every watcher of the session sees it queued.
+            await self.notices.run_queued(session_id, run_id, user, input)
+        return run_id, len(ahead)
 
     async def decide(
         self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
@@ -171,6 +188,7 @@ class Gateway:
             await asyncio.gather(*(c.close("server_draining") for c in conns))
 
     async def close(self) -> None:
+        await self.notices.close()
         await self.access.close()
         self.trimmer.close()
         await self.hub.close()

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Protocol
 
 from broker import errors
 from broker.runtime import Broker
@@ -288,6 +289,13 @@ class Topic:
             await self._sub.close()
 
 
+class SessionWatch(Protocol):
+    """Told of every session subscription that starts or ends (notices.py)."""
+
+    def joined(self, session_id: str, member: Member) -> None: ...
+    def left(self, session_id: str, member: Member) -> None: ...
+
+
 class Hub:
     def __init__(self, broker: Broker, metrics: GatewayMetrics, linger_s: float) -> None:
         self.broker = broker
@@ -299,6 +307,7 @@ class Hub:
         s = broker.settings
         self.replay_slots = ReplaySlots(s.max_concurrent_replays, s.replay_loop_share)
         self.pending_events_max = broker.settings.live_buffer_max
+        self.watch: SessionWatch | None = None
 
     async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
         """Follow a run or session for `conn` from cursor `after`."""
@@ -316,6 +325,8 @@ class Hub:
         topic.add(member)
         self.member_count += 1
         member.start()
+        if kind == "session" and self.watch is not None:
+            self.watch.joined(ident, member)
         return member
 
     async def head(self, kind: str, ident: str) -> int:
@@ -330,6 +341,8 @@ class Hub:
         member.close()
         member.topic.remove(member)
         self.member_count -= 1
+        if member.topic.kind == "session" and self.watch is not None:
+            self.watch.left(member.topic.ident, member)
 
     async def _topic(self, kind: str, ident: str) -> Topic:
         key = f"{kind}:{ident}"

@@ -182,7 +182,7 @@ def document() -> dict[str, Any]:
             "/v1/sessions": {"post": _op("Create a session (you become its owner)",
                                          body="CreateSession", ok=(201,)),
                              "get": _list_op()},
-            "/v1/sessions/{session_id}": {"get": _op("A session: members, runs, head",
+            "/v1/sessions/{session_id}": {"get": _op("A session: members, runs, queued runs, head",
                                                      params=("session_id",), errors=(403,)),
                                           "patch": _op("Rename, set the run policy, what Sim "
                                                        "agent-events-v1 clients may see, or "
@@ -202,7 +202,8 @@ def document() -> dict[str, Any]:
                               "owner; its streams end on every gateway)",
                               params=("session_id", "user_id"), errors=(403, 404, 409))},
             "/v1/sessions/{session_id}/runs": {
-                "post": _op("Start a run (202 with its id; SSE with Accept: text/event-stream)",
+                "post": _op("Start a run (202 with its id, and `ahead`: the unended runs it "
+                            "waits for; SSE with Accept: text/event-stream)",
                             body="StartRun", ok=(202, 200), sse=True, params=("session_id",),
                             errors=(403, 409, 429))},
             "/v1/sessions/{session_id}/events": {"get": session_events},

@@ -202,6 +202,7 @@ async def get_session(request: web.Request) -> web.Response:
             **info.stream_policy._asdict(),
             "members": [{"user_id": u, "role": r} for u, r in info.members],
             "runs": [r._asdict() for r in info.runs],
+            "queued": [q._asdict() for q in info.queued],
         }
     )
 
@@ -259,12 +260,18 @@ async def start_run(request: web.Request) -> web.StreamResponse:
     sid = request.match_info["session_id"]
     body = await read_body(request, StartRun, gw)
     streamed = wants_sse(request)
-    run_id = await gw.start_run(request, p.user, sid, body.input, body.model, streamed=streamed)
+    run_id, ahead = await gw.queue_run(
+        request, p.user, sid, body.input, body.model, streamed=streamed
+    )
     if streamed:
         return await sse.stream(request, gw, p.user, "run", run_id, 0, issued_at=p.issued_at)
+    # `ahead`: the session's runs that had not ended when it was created; it
+    # starts once they have (0: it starts now).
     return json_response(
-        {"run_id": run_id, "session_id": sid, "events_url": f"/v1/runs/{run_id}/events"}, 202
-    )
+        {"run_id": run_id, "session_id": sid, "events_url": f"/v1/runs/{run_id}/events",
+         "status": "queued", "ahead": ahead},
+        202,
+    )  # fmt: skip
 
 
 async def get_run(request: web.Request) -> web.Response:

@@ -99,6 +99,13 @@ class SseClient(HttpStream):
         await self.resp.write(b"".join(it.render() for it in items))
         self._last_write = asyncio.get_running_loop().time()
 
+    def notice(self, type_: str, **fields: object) -> None:
+        # A named event without `id:`: EventSource's last event id (the
+        # resume cursor) stays the log's, and `onmessage` never sees it.
+        if self.state is State.OPEN:
+            data = message(type_, **fields)
+            self.queue.put_message(b"event: " + type_.encode() + b"\ndata: " + data + b"\n\n")
+
     def after_written(self) -> None:
         member = self.members.get(self._key)
         if member is not None and member.ended and self.queue.nbytes == 0:

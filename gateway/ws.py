@@ -130,6 +130,10 @@ class WsClient(Connection):
         if not self.write_now([data], None, 0):
             self.queue.put_message(data)
 
+    def notice(self, type_: str, **fields: object) -> None:
+        if self.state is State.OPEN:
+            self.reply(type_, **fields)
+
     def error(self, e: errors.RunlogError, ref: str = "") -> None:
         self.gw.metrics.ws_errors.labels(e.code).inc()
         self.reply("error", ref=ref, **e.to_dict())

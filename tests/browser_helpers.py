@@ -56,9 +56,10 @@ class Pages:
         self.logs: dict[str, list[str]] = {}
         self.page_errors: list[str] = []
 
-    async def open(self, name: str, url: str) -> Page:
+    async def open(self, name: str, url: str, *, viewport: tuple[int, int] = (1280, 800)) -> Page:
         """A page in its own browser context (its own sessionStorage: one user)."""
-        ctx = await self.browser.new_context(viewport={"width": 1280, "height": 800})
+        width, height = viewport
+        ctx = await self.browser.new_context(viewport={"width": width, "height": height})
         self.contexts.append(ctx)
         return await self.open_in(ctx, name, url)
 

@@ -148,6 +148,9 @@ async def read_sse(resp: aiohttp.ClientResponse, *, until_type: str | None = "ru
     return out
 
 
+NOTICE_TYPES = frozenset({"presence", "run_queued"})
+
+
 class WsClient:
     """A minimal protocol client for tests (the real client library is runlog.client)."""
 
@@ -157,6 +160,8 @@ class WsClient:
         self.replies: list[dict[str, Any]] = []
         self.disconnect: dict[str, Any] | None = None
         self.closed_with: aiohttp.WSMessage | None = None
+        # Messages that are not in the log (presence, run_queued), in order.
+        self.notices: list[dict[str, Any]] = []
 
     async def send(self, **msg: Any) -> None:
         await self.ws.send_str(json.dumps(msg))
@@ -182,9 +187,21 @@ class WsClient:
                 lst.append((m["cursor"] + i, e))
         elif m["type"] == "disconnect":
             self.disconnect = m
+        elif m["type"] in NOTICE_TYPES:
+            self.notices.append(m)
         else:
             self.replies.append(m)
         return True
+
+    async def next_notice(self, type_: str, timeout_s: float = 10) -> dict[str, Any]:
+        """The next notice of `type_` (earlier ones of other types are kept)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                for i, m in enumerate(self.notices):
+                    if m["type"] == type_:
+                        return self.notices.pop(i)
+                if not await self._read_one():
+                    raise ConnectionError("closed")
 
     async def collect(self, topic: str, *, until_type: str = "run_end", count: int | None = None,
                       timeout_s: float = 30) -> list[tuple[int, dict[str, Any]]]:  # fmt: skip

@@ -136,6 +136,30 @@ async def test_enqueue_policy_runs_a_session_one_run_at_a_time(settings: Setting
     assert text_of(runs[2]) == "third"
 
 
+async def test_a_queued_run_that_is_stopped_ends_at_once_behind_a_waiting_run(
+    settings: Settings,
+) -> None:
+    """Under 'enqueue', a stop of a queued run ends it at once, though the
+    run ahead of it waits for an approval that nobody gives."""
+    async with running_worker(settings) as (b, _):
+        session_id, first = await start(b, "tell me about approvals")
+        await wait_event(b, first, "approval_required")
+        queued = await b.start_run(session_id, "bob", input="echo:later")
+        assert await b.interrupt(queued, "alice", "not needed any more")
+        evs = await read_run(b, queued, timeout_s=10.0)
+        assert (await b.store.get_run(first)).status == "waiting_approval"
+    assert [type(e) for e in evs] == [events.RunStart, events.InterruptRequested, events.RunEnd]
+    start_, stop, end = evs
+    assert isinstance(start_, events.RunStart) and start_.started_by == "bob"
+    assert isinstance(stop, events.InterruptRequested) and stop.requested_by == "alice"
+    assert isinstance(end, events.RunEnd) and end.status == "aborted" and end.stop is not None
+    assert (end.stop.requested_by, end.stop.reason, end.stop.at_seq) == (
+        "alice",
+        "not needed any more",
+        1,
+    )
+
+
 async def test_interrupt_policy_stops_the_running_run_first(settings: Settings) -> None:
     async with running_worker(settings, scripted_tokens_per_s=40.0) as (b, _):
         session_id, first = await start(b, "a long answer")

@@ -52,6 +52,8 @@ async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
                 )
             elif resumed:
                 await journal.prepare()
+            # Stopped before it began (a queued run cancelled): the agent is never called.
+            ctx.check_halt()
             await _race(ctx, journal, agent(AgentContext(journal, resumed=resumed)))
             await ending.close_cards(ctx)
             last = events.RunEnd(status="completed", usage=_usage(journal))

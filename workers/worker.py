@@ -5,7 +5,9 @@ work queue shared by every worker; each fetch asks for as many jobs as the
 worker has free slots (`concurrency`). For a job:
 
 1. an earlier run of the same session is still active (session run policy
-   'enqueue') → the job is nak'ed with a short delay and comes back later;
+   'enqueue') → the job is nak'ed with a short delay and comes back later,
+   unless a stop was requested for it: then it is taken at once and ends
+   `aborted` (a queued run is cancelled within one redelivery delay);
 2. `claim_queued` takes the run (epoch + lease) → None means another worker
    has it or it ended: the job is acked and dropped;
 3. the job is acked, then the run executes (`agent.py`).
@@ -249,7 +251,11 @@ class Worker:
             return
         store = self.broker.store
         try:
-            if await store.earlier_active_runs(job.session_id, job.run_id):
+            # A stopped run does not wait its turn: it only has to end (it is
+            # claimed and ends at once, run_start then the stop, see agent.py).
+            if await store.earlier_active_runs(
+                job.session_id, job.run_id
+            ) and not await store.interrupt_request(job.run_id):
                 m.jobs.labels("deferred").inc()
                 await msg.nak(delay=self._retry_delay(msg))
                 return

@@ -15,6 +15,9 @@
 
 import { RunlogClient, tokenClaims } from "./runlog-client.js";
 import { RunView } from "./run-view.js";
+import { RunQueue } from "./queue.js";
+import { PresenceView } from "./presence.js";
+import { wirePanels } from "./panels.js";
 import { h, setText, untrusted, plainText, firstVisible, shortId, showError, clearError } from "./dom.js";
 import { SessionList } from "./session-list.js";
 import { wireSettings, showSettings, memberControls, noAccessScreen } from "./session-admin.js";
@@ -153,6 +156,7 @@ const app = {
 
 async function start() {
   wireForms();
+  wirePanels();
   const cfg = readConfig();
   const gateways = await allowedGateways(cfg.gateways); // before any token goes anywhere
   const problem = cfg.token ? tokenProblem(cfg.token) : "signed_out";
@@ -292,8 +296,11 @@ function wireForms() {
     $("start-run").disabled = true;
     clearError($("composer-error"));
     try {
-      await app.client.startRun(view.id, { input });
+      const started = await app.client.startRun(view.id, { input });
       $("run-input").value = "";
+      if (started?.ahead > 0 && app.view === view) {
+        view.queue.add({ run_id: started.run_id, started_by: app.me, input, created_at: Date.now() });
+      }
     } catch (e) {
       showError($("composer-error"), e, () => composer.requestSubmit());
     } finally {
@@ -405,12 +412,21 @@ class SessionView {
     clearError($("composer-error"));
     clearError($("members-error"));
     this.renderMembers();
+    this.presence = new PresenceView($("presence"), app.me);
+    this.queue = new RunQueue($("runs"), { client: app.client, me: app.me, role: this.role },
+      (runId) => this.runs.has(runId));
+    this.queue.load(info.queued);
+    if (this.queue.cards.size) $("runs-empty").hidden = true;
     indicator.set("connecting");
     this.sub = app.client.subscribe({
       sessionId: this.id,
       after: 0,
       onEvent: (cursor, event) => this.apply(cursor, event),
-      onState: (state, i) => indicator.set(state, i),
+      onNotice: (msg) => this.notice(msg),
+      onState: (state, i) => {
+        indicator.set(state, i);
+        if (state.startsWith("resumed from")) this.refreshQueue(); // notices missed while away
+      },
       onError: (e) => {
         // `forbidden`: an owner removed or demoted me (the server ended the
         // stream): open the session again, as what I am now.
@@ -458,7 +474,7 @@ class SessionView {
     if (!run) {
       run = new RunView(event.run_id, { client: app.client, canAct: this.canAct, me: app.me });
       this.runs.set(event.run_id, run);
-      $("runs").append(run.el);
+      this.queue.place(event.run_id, run.el);
       $("runs-empty").hidden = true;
     }
     keepScrolledDown();
@@ -470,6 +486,23 @@ class SessionView {
 
   tick() {
     for (const run of this.runs.values()) run.tick();
+  }
+
+  notice(msg) {
+    if (msg.type === "presence") this.presence.show(msg.users || []);
+    else if (msg.type === "run_queued") {
+      this.queue.add(msg.run);
+      $("runs-empty").hidden = true;
+    }
+  }
+
+  async refreshQueue() {
+    try {
+      const info = await app.client.getSession(this.id);
+      if (app.view === this) this.queue.load(info.queued);
+    } catch {
+      /* the next run_start says it anyway */
+    }
   }
 
   async refreshMembers() {

@@ -14,6 +14,7 @@
 import { h, setText, untrusted, prose, TextStream, shortId, showError, clearError, timeOf } from "./dom.js";
 import { ApprovalCard, prettyJson } from "./approval-card.js";
 import { usageText, copyButton } from "./states.js";
+import { RunStats } from "./run-stats.js";
 
 const STATUS_LABELS = {
   running: "running",
@@ -50,12 +51,13 @@ export class RunView {
     this.error.hidden = true;
     this.footer = h("footer", { class: "run-end" });
     this.footer.hidden = true;
+    this.stats = new RunStats(); // first token, duration, tokens, approvals waited
     this.el = h("article", { class: "run", "data-run-id": runId },
       h("header", { class: "run-head" },
         h("span", { class: "run-title" }, "Run ", h("span", { class: "mono run-id", title: runId }, shortId(runId)),
           copyButton(runId, "run id")),
         this.meta, h("span", { class: "spacer" }), this.badge, this.stopBtn),
-      this.input, this.body, this.error, this.footer);
+      this.stats.el, this.input, this.body, this.error, this.footer);
     this.setStatus("running");
   }
 
@@ -69,6 +71,7 @@ export class RunView {
   apply(e, cursor) {
     this.el.dataset.cursor = String(cursor);
     this.el.dataset.seq = String(e.seq);
+    this.stats.apply(e);
     switch (e.type) {
       case "run_start": {
         this.startTs = e.ts;
@@ -252,6 +255,7 @@ export class RunView {
 
   tick() {
     for (const a of this.approvals.values()) a.tick();
+    this.stats.tick();
   }
 }
 

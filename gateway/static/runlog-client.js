@@ -9,7 +9,9 @@
  *     after: 0,                      // the cursor to start after
  *     onEvent(cursor, event, { from }) { ... },
  *     onState(state, info) { ... },  // "connecting" | "live" | "reconnecting" |
- *   });                              // "resumed from #N" | "stopped"; info.code: why
+ *                                    // "resumed from #N" | "stopped"; info.code: why
+ *     onNotice(msg) { ... },         // a session's `presence` / `run_queued` (not in the log)
+ *   });
  *   sub.unsubscribe();
  *
  * Delivery contract, per subscription: every event exactly once, in cursor
@@ -108,6 +110,8 @@ export class Subscription {
     this._onEvent = opts.onEvent || (() => {});
     this._onState = opts.onState || (() => {});
     this._onError = opts.onError || ((e) => console.warn("runlog subscription failed", this.topic, e));
+    // Session news that is not in the log: `presence`, `run_queued` (docs/protocol.md).
+    this._onNotice = opts.onNotice || (() => {});
     this._sse = null; // { es, disconnect } in SSE mode
     this._sseAttempt = 0;
     this._sseTimer = null;
@@ -142,6 +146,15 @@ export class Subscription {
     }
     if (this.head !== null && cursor >= this.head && this.state !== "live") this._setState("live");
     return true;
+  }
+
+  _notice(msg) {
+    if (this.closed) return;
+    try {
+      this._onNotice(msg);
+    } catch (e) {
+      console.error("runlog onNotice handler failed", e);
+    }
   }
 
   _fail(err) {
@@ -323,6 +336,10 @@ export class RunlogClient {
         break;
       case "disconnect":
         conn.disconnect = msg;
+        break;
+      case "presence":
+      case "run_queued":
+        this._subs.get(msg.topic)?._notice(msg);
         break;
       case "unsubscribed": {
         // With a code, the server ended it (access removed or lowered): final.
@@ -611,6 +628,15 @@ export class RunlogClient {
       }
       sub._deliver(Number(e.lastEventId), event);
     };
+    for (const type of ["presence", "run_queued"]) {
+      es.addEventListener(type, (e) => {
+        try {
+          sub._notice(JSON.parse(e.data));
+        } catch {
+          /* ignore */
+        }
+      });
+    }
     es.addEventListener("disconnect", (e) => {
       try {
         rec.disconnect = JSON.parse(e.data);
