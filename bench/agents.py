@@ -31,7 +31,7 @@ with real worker processes (`runlog worker`), in one run.
    openai-agents, pydantic-ai, agui): the same fake model (a stream of
    `deltas(n)`, n text chunks as fast as it can, no sleeps) and the same runs
    (--runs concurrent, --events tokens, --framework-rounds waves, default 1:
-   the frameworks are 2-20x slower than the log) executed bare in this
+   the frameworks cost 3-13x the log per token) executed bare in this
    process (the framework's own streaming API, the runs as asyncio tasks; CPU
    µs per text token it produced, by this process's `time.process_time`) and
    as a runlog agent in a worker process, measured as in 1 (worker CPU µs per
@@ -218,7 +218,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="text deltas per ctx.step in case b3 (default: 10)")  # fmt: skip
     p.add_argument("--framework-rounds", type=int, default=1,
                    help="waves of --runs runs per framework measurement, bare and under runlog "
-                   "(default: 1: the frameworks are 2-20x slower than the log)")  # fmt: skip
+                   "(default: 1: the frameworks cost 3-13x the log per token)")  # fmt: skip
     p.add_argument("--frameworks", default="all",
                    help="comma-separated framework cases, 'all' or 'none' (default: all; "
                    f"registered: {', '.join(FRAMEWORKS)})")  # fmt: skip
