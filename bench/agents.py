@@ -27,28 +27,37 @@ with real worker processes (`runlog worker`), in one run.
    share of the worker's CPU.
    For every trial each worker is started afresh (one at a time: workers
    share the job queue) and warmed up with a wave of short runs first.
-2. Frameworks (--frameworks, default all registered): the same fake model and
-   runs executed bare in this process (CPU µs per text token it produced, by
-   this process's `time.process_time`) and as a runlog agent in a worker
-   process, measured as in 1 (worker CPU µs per text delta committed: the
-   runs' other events are not counted, their cost is). The difference is what
-   running under runlog costs per token. A case whose module cannot be
-   imported is skipped with a line saying so.
+2. Frameworks (--frameworks, default all registered: builtin, langgraph,
+   openai-agents, pydantic-ai, agui): the same fake model (a stream of
+   `deltas(n)`, n text chunks as fast as it can, no sleeps) and the same runs
+   (--runs concurrent, --events tokens, --framework-rounds waves, default 1:
+   the frameworks cost 3-13x the log per token) executed bare in this
+   process (the framework's own streaming API, the runs as asyncio tasks; CPU
+   µs per text token it produced, by this process's `time.process_time`) and
+   as a runlog agent in a worker process, measured as in 1 (worker CPU µs per
+   text delta committed: the runs' other events are not counted, their cost
+   is). The difference is the adapter's overhead: what running under runlog
+   costs per token. Both sides are also timed at 20 tokens, so the overhead
+   splits into a part per run and a part per token. A case whose module
+   cannot be imported is skipped with a line saying so.
 
 Adding a framework case: one function in this module, decorated with
-`@framework(name, needs=module, agent="bench._agents:attr")`, that runs the
-framework bare: `async def bare(runs: int, n: int) -> int` executes `runs`
+`@framework(name, needs=module, agent="module:attr")`, that runs the
+framework bare: `async def bare(runs, n, settings) -> int` executes `runs`
 runs concurrently, each with a fake model that streams n text tokens, and
 returns the number of text tokens the framework handed out (the bench checks
 it is runs x n). The runlog side is the same framework object and fake model
-wrapped by the framework's adapter, as `attr` in bench/_agents.py (import the
-adapter inside the agent, so that the module imports without it), reading n
-from the run's input (`str(n)` unless `input=` gives another function of n);
-each run must commit exactly n text deltas and end `completed`. `needs` is
-the module the case cannot run without (its adapter under
-workers/frameworks/, or the framework's library): when it cannot be imported
-the case is skipped. `worker=` gives worker settings instead of `agent`
-(the `builtin` case below: the scripted adapter bare vs the built-in loop).
+wrapped by the framework's adapter, as `attr` (the adapters' cases keep both
+in a module of their own, bench/_fw_<name>.py, imported only when the case
+runs), reading n from the run's input (`str(n)` unless `input=` gives
+another function of n); each run must commit exactly n text deltas and end
+`completed`. `needs` is the module the case cannot run without: when it
+cannot be imported the case is skipped. `worker=` gives worker settings
+instead of `agent` (the `builtin` case: the scripted adapter bare vs the
+built-in loop). `serve=` is an async context manager entered around the
+case that serves something from this process (the AG-UI upstream): it
+yields a `Served`, whose settings go to the worker and to `bare` and whose
+CPU is taken out of the bare figure.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ import contextlib
 import functools
 import importlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,12 +93,25 @@ _TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
+class Served:
+    """What a case serves from the bench process while it runs (an upstream)."""
+
+    settings: dict[str, object]  # added to the worker's settings and to bare's
+    cpu_s: Callable[[], float]  # its CPU time so far, not counted as bare's
+
+
+Bare = Callable[[int, int, Mapping[str, object]], Awaitable[int]]
+Serve = Callable[[], contextlib.AbstractAsyncContextManager[Served]]
+
+
+@dataclass(frozen=True)
 class FrameworkCase:
     name: str
     needs: str  # a module the case cannot run without
-    bare: Callable[[int, int], Awaitable[int]]  # (runs, n) → text tokens produced
+    bare: Bare  # (runs, n, settings) → text tokens produced
     worker: dict[str, object]  # the worker process's settings
     input: Callable[[int], str] = str  # a run's input for n tokens
+    serve: Serve | None = None
 
 
 FRAMEWORKS: dict[str, FrameworkCase] = {}
@@ -102,16 +124,15 @@ def framework(
     agent: str = "",
     worker: dict[str, object] | None = None,
     input: Callable[[int], str] = str,
-) -> Callable[[Callable[[int, int], Awaitable[int]]], Callable[[int, int], Awaitable[int]]]:
+    serve: Serve | None = None,
+) -> Callable[[Bare], Bare]:
     """Register a case (see the module doc): the decorated function runs it bare."""
 
-    def register(
-        bare: Callable[[int, int], Awaitable[int]],
-    ) -> Callable[[int, int], Awaitable[int]]:
+    def register(bare: Bare) -> Bare:
         settings = dict(worker or {})
         if agent:
             settings["agent"] = agent
-        FRAMEWORKS[name] = FrameworkCase(name, needs, bare, settings, input)
+        FRAMEWORKS[name] = FrameworkCase(name, needs, bare, settings, input, serve)
         return bare
 
     return register
@@ -119,7 +140,7 @@ def framework(
 
 @framework("builtin", needs="workers.adapters.scripted", worker=_BUILTIN,
            input=_agents.builtin_input)  # fmt: skip
-async def builtin_bare(runs: int, n: int) -> int:
+async def builtin_bare(runs: int, n: int, settings: Mapping[str, object]) -> int:
     """The built-in loop's scripted model (`tokens_per_s=0`), its stream read
     bare vs run by the built-in loop in a worker."""
     adapter = ScriptedAdapter(tokens_per_s=0)
@@ -134,6 +155,57 @@ async def builtin_bare(runs: int, n: int) -> int:
     return sum(await asyncio.gather(*(one() for _ in range(runs))))
 
 
+# The adapters' cases: each module (bench/_fw_*.py) holds the fake model, the
+# framework object, its bare run and the adapter around them (`agent`).
+
+
+@framework("langgraph", needs="bench._fw_langgraph", agent="bench._fw_langgraph:agent")
+async def langgraph_bare(runs: int, n: int, settings: Mapping[str, object]) -> int:
+    """A one-node graph whose chat model streams n chunks: `astream` bare vs
+    `langgraph_agent` (PostgreSQL checkpoints, a step per superstep)."""
+    from . import _fw_langgraph
+
+    return await _fw_langgraph.bare(runs, n, settings)
+
+
+@framework("openai-agents", needs="bench._fw_openai_agents",
+           agent="bench._fw_openai_agents:agent")  # fmt: skip
+async def openai_agents_bare(runs: int, n: int, settings: Mapping[str, object]) -> int:
+    """An Agents SDK agent whose `Model` streams n text deltas:
+    `Runner.run_streamed` bare vs `openai_agents_agent`."""
+    from . import _fw_openai_agents
+
+    return await _fw_openai_agents.bare(runs, n, settings)
+
+
+@framework("pydantic-ai", needs="bench._fw_pydantic_ai", agent="bench._fw_pydantic_ai:agent")
+async def pydantic_ai_bare(runs: int, n: int, settings: Mapping[str, object]) -> int:
+    """A Pydantic AI agent on a `FunctionModel` streaming n text deltas:
+    `agent.run(event_stream_handler=...)` bare vs `pydantic_ai_agent`."""
+    from . import _fw_pydantic_ai
+
+    return await _fw_pydantic_ai.bare(runs, n, settings)
+
+
+@contextlib.asynccontextmanager
+async def _agui_upstream() -> AsyncIterator[Served]:
+    from ._fw_agui import Upstream
+
+    async with Upstream.serving() as up:
+        yield Served({"agui_url": up.url}, up.cpu_s)
+
+
+@framework("agui", needs="bench._fw_agui", agent="workers.frameworks.agui:agent",
+           serve=_agui_upstream)  # fmt: skip
+async def agui_bare(runs: int, n: int, settings: Mapping[str, object]) -> int:
+    """An AG-UI upstream in the bench process (its own thread) streaming n
+    TEXT_MESSAGE_CONTENT events: a minimal AG-UI client bare vs the AG-UI
+    adapter (`RUNLOG_AGUI_URL`)."""
+    from . import _fw_agui
+
+    return await _fw_agui.bare(runs, n, settings)
+
+
 # --- the command ------------------------------------------------------------------
 
 
@@ -144,6 +216,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="waves of --runs runs per measurement, one after the other (default: 3)")  # fmt: skip
     p.add_argument("--per-step", type=int, default=10,
                    help="text deltas per ctx.step in case b3 (default: 10)")  # fmt: skip
+    p.add_argument("--framework-rounds", type=int, default=1,
+                   help="waves of --runs runs per framework measurement, bare and under runlog "
+                   "(default: 1: the frameworks cost 3-13x the log per token)")  # fmt: skip
     p.add_argument("--frameworks", default="all",
                    help="comma-separated framework cases, 'all' or 'none' (default: all; "
                    f"registered: {', '.join(FRAMEWORKS)})")  # fmt: skip
@@ -178,7 +253,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for case in cases:
                     t[f"fw_{case.name}"] = r = await _framework(st, b, meter, case, args)
                     progress(f"{label} framework {case.name}: bare {r['bare_us_per_token']:.1f} "
-                             f"µs/token, under runlog {r['worker_us_per_token']:.0f} µs/token")  # fmt: skip
+                             f"µs/token, under runlog {r['worker_us_per_token']:.1f} µs/token, "
+                             f"overhead {r['overhead_us_per_token']:.1f} (fit: "
+                             f"{r['overhead_us_per_run']:,.0f} µs/run + "
+                             f"{r['overhead_us_per_delta']:.1f} µs/delta)")  # fmt: skip
         finally:
             await b.close()
     return {
@@ -405,29 +483,76 @@ async def _raw_run(b: Broker, run_id: str, pieces: list[str]) -> None:
 async def _framework(
     st: Stack, b: Broker, meter: Meter, case: FrameworkCase, args: argparse.Namespace
 ) -> dict[str, Any]:
+    async with contextlib.AsyncExitStack() as stack:
+        served = Served({}, lambda: 0.0)
+        if case.serve is not None:
+            served = await stack.enter_async_context(case.serve())
+        return await _framework_served(st, b, meter, case, args, served)
+    raise AssertionError("unreachable")  # mypy: an exit stack may swallow
+
+
+async def _framework_served(
+    st: Stack,
+    b: Broker,
+    meter: Meter,
+    case: FrameworkCase,
+    args: argparse.Namespace,
+    served: Served,
+) -> dict[str, Any]:
+    args = argparse.Namespace(**{**vars(args), "rounds": args.framework_rounds})
     n, runs = args.events, args.runs
-    await case.bare(min(runs, 10), _SHORT_EVENTS)
-    # This process's CPU time at ns resolution: a bare run may take less
-    # CPU than psutil's 10 ms ticks resolve.
-    c0, t0 = time.process_time(), time.perf_counter()
-    produced = 0
-    for _ in range(args.rounds):
-        produced += await case.bare(runs, n)
-    bare_cpu_s, bare_wall_s = time.process_time() - c0, time.perf_counter() - t0
-    if produced != args.rounds * runs * n:
-        raise RuntimeError(f"framework {case.name}: bare produced {produced} tokens, "
-                           f"not {args.rounds} x {runs} x {n}")  # fmt: skip
-    async with _worker(st, meter, args, case.worker) as wk:
+    settings = {**case.worker, **served.settings}
+    await case.bare(min(runs, 10), _SHORT_EVENTS, settings)
+    long = await _bare(case, args, n, settings, served)
+    short = await _bare(case, args, _SHORT_EVENTS, settings, served)
+    async with _worker(st, meter, args, settings) as wk:
         r = await _runs(b, meter, wk, args, case.input, exact=False)
     tokens = r["text_deltas"]
+    per_delta = (long["us_per_run"] - short["us_per_run"]) / (n - _SHORT_EVENTS)
     r.update(
-        bare_us_per_token=bare_cpu_s * 1e6 / produced,
-        bare_tokens_s=produced / bare_wall_s,
+        bare_us_per_token=long["cpu_s"] * 1e6 / long["tokens"],
+        bare_tokens_s=long["tokens"] / long["wall_s"],
+        bare_us_per_run_fixed=short["us_per_run"] - _SHORT_EVENTS * per_delta,
+        bare_us_per_delta_marginal=per_delta,
+        served_us_per_token=long["served_cpu_s"] * 1e6 / long["tokens"],
         worker_us_per_token=r["worker_cpu_s"] * 1e6 / tokens,
         pg_us_per_token=r["pg_cpu_s"] * 1e6 / tokens,
+        events_per_run=r["events"] / (args.rounds * runs),
     )
     r["overhead_us_per_token"] = r["worker_us_per_token"] - r["bare_us_per_token"]
+    r["overhead_us_per_run"] = r["worker_us_per_run_fixed"] - r["bare_us_per_run_fixed"]
+    r["overhead_us_per_delta"] = r["worker_us_per_delta_marginal"] - per_delta
     return r
+
+
+async def _bare(
+    case: FrameworkCase,
+    args: argparse.Namespace,
+    n: int,
+    settings: Mapping[str, object],
+    served: Served,
+) -> dict[str, float]:
+    """--rounds waves of --runs bare runs of n tokens, in this process.
+
+    CPU by `time.process_time` (ns resolution: a bare run may take less CPU
+    than psutil's 10 ms ticks resolve), less what the case serves (an
+    upstream, on a thread of its own: not the framework's)."""
+    c0, s0, t0 = time.process_time(), served.cpu_s(), time.perf_counter()
+    produced = 0
+    for _ in range(args.rounds):
+        produced += await case.bare(args.runs, n, settings)
+    served_cpu_s = served.cpu_s() - s0
+    cpu_s = time.process_time() - c0 - served_cpu_s
+    if produced != args.rounds * args.runs * n:
+        raise RuntimeError(f"framework {case.name}: bare produced {produced} tokens, "
+                           f"not {args.rounds} x {args.runs} x {n}")  # fmt: skip
+    return {
+        "tokens": produced,
+        "cpu_s": cpu_s,
+        "wall_s": time.perf_counter() - t0,
+        "served_cpu_s": served_cpu_s,
+        "us_per_run": cpu_s * 1e6 / (args.rounds * args.runs),
+    }
 
 
 # --- figures ----------------------------------------------------------------------
@@ -492,13 +617,35 @@ def _figures(
     whichs = ["a", "b", "b2", "b3"] + ([] if args.no_raw else ["c"])
     add(sec, "host CPU outside our processes, max over the cases", "cores",
         [max(t[w]["others_cpu_cores"] for w in whichs) for t in per_trial])  # fmt: skip
+    fw_rounds = args.framework_rounds
     for case in cases:
         key = f"fw_{case.name}"
-        sec = f"framework {case.name}: bare vs under runlog ({args.rounds} x {args.runs} runs x {n} tokens)"
+        sec = (f"framework {case.name}: bare vs under runlog ({fw_rounds} x {args.runs} "
+               f"runs x {n} tokens)")  # fmt: skip
         add(sec, "bare, in the bench process: CPU", "µs/token", col(key, "bare_us_per_token"))
         add(sec, "under runlog: worker CPU", "µs/token", col(key, "worker_us_per_token"))
-        add(sec, "under runlog - bare", "µs/token", col(key, "overhead_us_per_token"))
+        add(sec, "under runlog - bare: the adapter's overhead", "µs/token",
+            col(key, "overhead_us_per_token"))  # fmt: skip
+        if not args.no_raw:
+            add(sec, "… next to (c) raw RunWriter.append, same trial", "µs/event",
+                col("c", "us_per_event"))  # fmt: skip
+        add(sec, "under runlog: worker CPU per committed event", "µs/event",
+            col(key, "worker_us_per_event"))  # fmt: skip
+        add(sec, "under runlog: committed events per run", "events", col(key, "events_per_run"))
+        fit = f"(fit: {n}- vs {short}-token runs)"
+        add(sec, f"bare: CPU per run {fit}", "µs/run", col(key, "bare_us_per_run_fixed"))
+        add(sec, "bare: … + CPU per token", "µs/token", col(key, "bare_us_per_delta_marginal"))
+        add(sec, f"under runlog: worker CPU per run {fit}", "µs/run",
+            col(key, "worker_us_per_run_fixed"))  # fmt: skip
+        add(sec, "under runlog: … + worker CPU per text delta", "µs/delta",
+            col(key, "worker_us_per_delta_marginal"))  # fmt: skip
+        add(sec, "overhead per run (fit)", "µs/run", col(key, "overhead_us_per_run"))
+        add(sec, "overhead per text delta (fit)", "µs/delta", col(key, "overhead_us_per_delta"))
         add(sec, "under runlog: PostgreSQL CPU", "µs/token", col(key, "pg_us_per_token"))
+        if case.serve is not None:
+            add(sec, "the upstream it serves, bare (not counted)", "µs/token",
+                col(key, "served_us_per_token"))  # fmt: skip
         add(sec, "bare: tokens/s", "tokens/s", col(key, "bare_tokens_s"))
         add(sec, "under runlog: committed events/s", "events/s", col(key, "events_s"))
+        add(sec, "host CPU outside our processes", "cores", col(key, "others_cpu_cores"))
     return figs
