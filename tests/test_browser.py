@@ -468,7 +468,7 @@ async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
         "sessionTitle": auto, "sessionName": auto, "member": auto, "toolName": auto,
         "args": ["pre", "ltr", "isolate"],  # code reads left to right
         "approvalTool": auto, "summary": auto, "decidedBy": auto, "comment": auto,
-        "message": ["div", "auto", "isolate"],  # ...isolated
+        "message": ["p", "auto", "isolate"],  # ...isolated (a Markdown paragraph)
     }  # fmt: skip
 
 
