@@ -14,7 +14,8 @@ disabled (CDP `Network.setCacheDisabled`), so every file comes over the wire:
 Time to interactive is measured in the page: a MutationObserver installed
 before any of the page's scripts (Playwright's init script) records
 `performance.now()` (milliseconds since navigation start) the first time the
-condition holds. Transferred bytes are the page's own Resource Timing: the
+condition holds (and counts the answer's renders on the way: how often a
+message's content was replaced). Transferred bytes are the page's own Resource Timing: the
 navigation's `transferSize` plus every resource's (headers and body as
 received: the document, CSS, every ES module, the REST calls). WebSocket
 frames (the live feed) are not resources and are not counted.
@@ -50,7 +51,11 @@ _WAIT_MS = 60_000
 # Installed before the page's scripts: records when `window.__ready()` first
 # holds. The condition is given by the trial (home or session page).
 _OBSERVER_JS = """(() => {
-  const check = () => {
+  window.__renders = 0; // times an answer's content was replaced (a render)
+  const check = (records) => {
+    for (const r of records) {
+      if (r.type === "childList" && r.target.classList?.contains("message")) window.__renders++;
+    }
     if (window.__readyAt !== undefined || !window.__ready || !window.__ready()) return;
     window.__readyAt = performance.now();
     obs.disconnect();
@@ -143,6 +148,7 @@ async def _cold_load(browser: Browser, url: str, ready_js: str) -> dict[str, Any
         await page.goto(url)
         await page.wait_for_function("() => window.__readyAt !== undefined", timeout=_WAIT_MS)
         ready_ms: float = await page.evaluate("() => window.__readyAt")
+        renders: int = await page.evaluate("() => window.__renders")
         weight: dict[str, Any] = await page.evaluate(_WEIGHT_JS)
         files = weight["files"]
         static = sum(f["bytes"] for f in files if f["name"].startswith("/static/"))
@@ -151,6 +157,7 @@ async def _cold_load(browser: Browser, url: str, ready_js: str) -> dict[str, Any
             "bytes": weight["document"] + sum(f["bytes"] for f in files),
             "static_bytes": weight["document"] + static,
             "requests": 1 + len(files),
+            "renders": renders,
             "files": files,
         }
     finally:
@@ -169,4 +176,7 @@ def _figures(trials: list[dict[str, Any]]) -> list[Figure]:
             _lib.summarize(page, "requests", "", [r["requests"] for r in rows]),
             _lib.summarize(page, "time to interactive", "ms", [r["ready_ms"] for r in rows]),
         ]
+    out.append(
+        _lib.summarize("session", "answer renders", "", [t["session"]["renders"] for t in trials])
+    )
     return out
