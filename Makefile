@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # cannot work here); installed once, quietly, if missing (CI runs as root).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test check lint bench fuzz clean
+.PHONY: run test check lint bench fuzz clean vendor
 # The real JavaScript clients the compat projections are tested with (pinned
 # in tests/clients/package-lock.json).
 CLIENTS := tests/clients/node_modules/.installed
@@ -28,6 +28,12 @@ $(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 
 run: $(STAMP)
 	$(BIN)/runlog up
+
+# The console's third-party ES modules (pinned in gateway/static/vendor/package.json
+# and package-lock.json), copied in by npm ci in a temp folder; the output is
+# committed, so `make run` needs no npm (docs/console.md, "Markdown answers").
+vendor:
+	node gateway/static/vendor/build.mjs
 
 test: $(STAMP) $(CLIENTS) | $(CHROMIUM)
 	$(BIN)/python -m pytest -q

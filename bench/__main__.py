@@ -20,7 +20,8 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents")
+SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents",
+             "console")  # fmt: skip
 
 
 def _load(name: str) -> ModuleType:

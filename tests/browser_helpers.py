@@ -6,6 +6,7 @@ work here): Chromium comes from the distribution (`make test` installs it).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -119,11 +120,13 @@ def run_card(page: Page, run_id: str) -> Locator:
     return page.locator(f'.run[data-run-id="{run_id}"]')
 
 
-# The answer text a page shows for a run: its messages, in order.
+# The answer text a page shows for a run: its messages, in order. A message
+# is rendered as Markdown (gateway/static/markdown.js), so its text is the
+# source of its last render (`data-source`), not what the markup reads.
 _PAGE_TEXT_JS = """(runId) => {
   const run = document.querySelector(`.run[data-run-id="${runId}"]`);
   if (!run) return null;
-  return [...run.querySelectorAll('.message')].map((m) => m.textContent).join('');
+  return [...run.querySelectorAll('.message')].map((m) => m.dataset.source ?? m.textContent).join('');
 }"""
 
 _WORDS_JS = """([runId, n]) => {
@@ -187,3 +190,20 @@ def publish_screenshot(src: Path, dest: Path, *, force: bool) -> None:
     if force or not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
+
+
+@contextlib.asynccontextmanager
+async def pages_for(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Pages]:
+    """A test's `Pages` (a `pages` fixture's body): fails the test on an uncaught
+    error in a page, saves the artifacts when it failed, closes every context."""
+    p = Pages(browser, request.node.name)
+    failed_before = request.session.testsfailed
+    try:
+        yield p
+        if p.page_errors:
+            where = await p.save_artifacts()
+            pytest.fail(f"uncaught errors in the page (see {where}): {p.page_errors}")
+    finally:
+        if request.session.testsfailed > failed_before:
+            await p.save_artifacts()
+        await p.close()

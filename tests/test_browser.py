@@ -472,7 +472,7 @@ async def test_untrusted_text_is_isolated_and_controls_are_shown_as_markers(
         "args": ["pre", "ltr", "isolate"],  # code reads left to right
         "approvalArgs": ["pre", "ltr", "isolate"],
         "approvalTool": auto, "summary": auto, "decidedBy": auto, "comment": auto,
-        "message": ["div", "auto", "isolate"],  # ...isolated
+        "message": ["p", "auto", "isolate"],  # ...isolated (a Markdown paragraph)
     }  # fmt: skip
 
 

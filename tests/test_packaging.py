@@ -1,5 +1,6 @@
 """What `pip install runlog` (and so the container image) gets: every module
-of the tree, the migrations and the console, in the wheel."""
+of the tree, the migrations and the console (its vendored modules too), in
+the wheel."""
 
 from __future__ import annotations
 
@@ -29,3 +30,9 @@ def test_the_wheel_holds_every_module_of_the_tree(tmp_path: Path) -> None:
     }
     assert sorted(tree - names) == []
     assert {"gateway/static/index.html", "migrations/0001_initial.sql"} <= names
+    # The console, every file of it: `make run` and the image need no npm.
+    static = {
+        str(p.relative_to(REPO)) for p in (REPO / "gateway" / "static").rglob("*") if p.is_file()
+    }
+    assert sorted(static - names) == []
+    assert {"gateway/static/vendor/markdown-it.js", "gateway/static/vendor/purify.js"} <= names

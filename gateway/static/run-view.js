@@ -9,12 +9,14 @@
 // Every value from the log goes in through dom.js: untrusted() for names,
 // tool calls, approvals, reasons and codes (isolated, controls as markers),
 // TextStream for text that streams (prose kept as written, arguments with
-// markers), each in an element with its own `dir`.
+// markers), each in an element with its own `dir`. Answer text is Markdown,
+// rendered and sanitized by markdown.js (MarkdownStream), the one exception.
 
 import { h, setText, untrusted, prose, TextStream, shortId, showError, clearError, timeOf } from "./dom.js";
 import { ApprovalCard, prettyJson } from "./approval-card.js";
 import { usageText, copyButton } from "./states.js";
 import { RunStats } from "./run-stats.js";
+import { MarkdownStream } from "./markdown.js";
 
 const STATUS_LABELS = {
   running: "running",
@@ -95,6 +97,7 @@ export class RunView {
       case "message_reset": {
         const t = this.texts.get(e.message_id);
         if (t) {
+          t.stream.cancel();
           t.el.remove();
           this.texts.delete(e.message_id);
         }
@@ -194,7 +197,7 @@ export class RunView {
     let t = this.texts.get(messageId);
     if (!t) {
       const el = h("div", { class: "message", dir: "auto", "data-message-id": messageId });
-      t = { el, stream: new TextStream(el) };
+      t = { el, stream: new MarkdownStream(el) };
       this.texts.set(messageId, t);
       this.add(el);
     }
@@ -223,6 +226,7 @@ export class RunView {
 
   end(e) {
     this.ended = true;
+    for (const t of this.texts.values()) t.stream.flush();
     this.foldReasoning();
     this.setStatus(e.status);
     this.stopBtn.hidden = true;
