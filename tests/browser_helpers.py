@@ -31,6 +31,7 @@ LAUNCH_ARGS = [
 ]
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
+DOCS_IMG = ROOT / "docs" / "img"  # screenshots the docs show (published by tests)
 WAIT_MS = 45_000  # generous: a slow, noisy 2-core machine
 
 

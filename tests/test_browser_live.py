@@ -8,6 +8,7 @@ Debian's Chromium through Playwright; every wait is for a condition.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import aiohttp
@@ -15,7 +16,16 @@ from playwright.async_api import Page, expect
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from . import test_browser
-from .browser_helpers import WAIT_MS, Pages, console_url, log_events, run_card
+from .browser_helpers import (
+    ARTIFACTS,
+    DOCS_IMG,
+    WAIT_MS,
+    Pages,
+    console_url,
+    log_events,
+    publish_screenshot,
+    run_card,
+)
 from .test_browser import Cluster, _live, _session, _start_run
 
 # The same module-scoped stack and pages fixtures as test_browser.py.
@@ -175,6 +185,14 @@ async def test_narrow_screen_collapses_the_side_panels_behind_buttons(
     await members_btn.click()
     await expect(alice.locator("#members-panel")).to_be_visible()
     await expect(alice.locator('.member[data-user="bob"]')).to_be_in_viewport()
+    await expect(alice.locator("#members-panel")).to_be_in_viewport(ratio=1)  # slid all the way in
+    shot = ARTIFACTS / "console-narrow.png"
+    await alice.screenshot(path=str(shot))
+    publish_screenshot(
+        shot,
+        DOCS_IMG / "console-narrow.png",
+        force=bool(os.environ.get("RUNLOG_UPDATE_SCREENSHOT")),
+    )
     await _fits(alice)
     await members_btn.click()
     await expect(alice.locator("#members-panel")).not_to_be_visible()

@@ -7,6 +7,7 @@ any text in a model's mouth; the page is served by a gateway in this process.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,7 +19,17 @@ from broker.log import RunWriter
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from .browser_helpers import WAIT_MS, Pages, console_url, page_text, pages_for, run_card
+from .browser_helpers import (
+    ARTIFACTS,
+    DOCS_IMG,
+    WAIT_MS,
+    Pages,
+    console_url,
+    page_text,
+    pages_for,
+    publish_screenshot,
+    run_card,
+)
 from .gw import RunningGateway, running_gateway
 
 # Installed before the page's own scripts (Playwright's init scripts are not
@@ -156,6 +167,12 @@ async def test_an_answer_renders_as_markdown_live_and_its_code_copies_exactly(
     await expect(copy).to_have_text("Copied")
     assert await alice.evaluate("() => navigator.clipboard.readText()") == CODE
     await expect(copy).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+    await card.screenshot(path=str(_SHOT))
+    publish_screenshot(_SHOT, DOCS_IMG / "console-markdown.png", force=_UPDATE)
+
+
+_SHOT = ARTIFACTS / "console-markdown.png"
+_UPDATE = bool(os.environ.get("RUNLOG_UPDATE_SCREENSHOT"))
 
 
 # Markdown and raw HTML that must never run, load or link anywhere unsafe.

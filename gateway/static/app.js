@@ -526,7 +526,7 @@ class SessionView {
       // You, once: a user whose id is "you" (runlog up's) is not "you (you)".
       const me = m.user_id === app.me;
       ul.append(h("li", {
-        class: `member${me ? " me" : ""}`, "data-user": m.user_id, "data-role": m.role,
+        class: `member${me ? " member-me" : ""}`, "data-user": m.user_id, "data-role": m.role,
         "data-me": me ? "true" : null, title: me ? `you are signed in as ${plainText(m.user_id)}` : null,
       },
         h("span", { class: "avatar", "aria-hidden": "true" }, (firstVisible(m.user_id) || "?").toUpperCase()),
