@@ -10,7 +10,6 @@ import contextlib
 import re
 import shutil
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -96,25 +95,6 @@ class Pages:
     async def close(self) -> None:
         for ctx in self.contexts:
             await ctx.close()
-
-
-@asynccontextmanager
-async def collecting_pages(
-    browser: Browser, request: pytest.FixtureRequest
-) -> AsyncIterator[Pages]:
-    """The body of a `pages` fixture: an uncaught error in a page fails the
-    test; on failure, every page's screenshot and log are saved."""
-    p = Pages(browser, request.node.name)
-    failed_before = request.session.testsfailed
-    try:
-        yield p
-        if p.page_errors:
-            where = await p.save_artifacts()
-            pytest.fail(f"uncaught errors in the page (see {where}): {p.page_errors}")
-    finally:
-        if request.session.testsfailed > failed_before:
-            await p.save_artifacts()
-        await p.close()
 
 
 def run_card(page: Page, run_id: str) -> Locator:

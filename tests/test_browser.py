@@ -39,6 +39,7 @@ from .browser_helpers import (
     first_run_id,
     log_events,
     page_text,
+    pages_for,
     publish_screenshot,
     run_card,
     wait_for_words,
@@ -99,17 +100,8 @@ async def cluster(settings: Settings, tmp_root: Path) -> AsyncIterator[Cluster]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def pages(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Pages]:
-    p = Pages(browser, request.node.name)
-    failed_before = request.session.testsfailed
-    try:
+    async with pages_for(browser, request) as p:
         yield p
-        if p.page_errors:
-            where = await p.save_artifacts()
-            pytest.fail(f"uncaught errors in the page (see {where}): {p.page_errors}")
-    finally:
-        if request.session.testsfailed > failed_before:
-            await p.save_artifacts()
-        await p.close()
 
 
 async def _session(http: aiohttp.ClientSession, url: str, token: str, title: str = "browser test",

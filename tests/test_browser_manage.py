@@ -24,7 +24,7 @@ from playwright.async_api import Browser, Page, expect
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from .browser_helpers import WAIT_MS, Pages, collecting_pages, console_url
+from .browser_helpers import WAIT_MS, Pages, console_url, pages_for
 from .gw import RunningGateway, running_gateway
 
 
@@ -38,7 +38,7 @@ async def gw(settings: Settings) -> AsyncIterator[RunningGateway]:
 async def pages(gw: RunningGateway, browser: Browser,
                 request: pytest.FixtureRequest) -> AsyncIterator[Pages]:  # fmt: skip
     # After `gw`: the pages close (and their connections with them) before it stops.
-    async with collecting_pages(browser, request) as p:
+    async with pages_for(browser, request) as p:
         yield p
 
 
