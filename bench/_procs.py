@@ -226,6 +226,27 @@ class GatewayProc(_Child):
                     raise RuntimeError(f"gateway not ready in {timeout_s} s:\n{self.output()}")
                 await asyncio.sleep(0.1)
 
+    async def gauges(self, *names: str) -> dict[str, float]:
+        """Current values of unlabelled gauges, from its /metrics."""
+        async with aiohttp.ClientSession() as http, http.get(self.url + "/metrics") as r:
+            text = await r.text()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in names:
+                out[name] = float(value)
+        return out
+
+    async def wait_replays_done(self, timeout_s: float = 600.0) -> float:
+        """Until no catch-up replay runs or waits for a turn (subscriptions
+        are then all live); returns the seconds it took."""
+        names = ("runlog_gateway_replays_running", "runlog_gateway_replays_waiting")
+        t0 = time.monotonic()
+        async with asyncio.timeout(timeout_s):
+            while any((await self.gauges(*names)).values()):
+                await asyncio.sleep(0.1)
+        return time.monotonic() - t0
+
 
 class WorkerProc(_Child):
     def __init__(self, st: Stack, concurrency: int, **settings: object) -> None:

@@ -1,5 +1,6 @@
 """idle: gateway memory per idle WebSocket connection, at --conns connections,
-next to a raw aiohttp server's in the same run.
+next to a raw aiohttp server's, nats-server's and python-socketio's in the
+same run.
 
 Per trial, a fresh gateway process (`runlog gateway`) is warmed up (a few
 connections open, subscribe and close, so code paths, the database pool and
@@ -8,13 +9,22 @@ is read (before); the client process opens --conns WebSockets, each
 authenticated at the upgrade (bearer token) and answered with `hello`; RSS
 after (unsubscribed). Then each subscribes to one of --sessions sessions
 (`{"type":"subscribe","session_id":...}`, the way a collaborative console
-follows its session) and waits for `subscribed`; RSS again (subscribed). Each
+follows its session) and waits for `subscribed` and for every catch-up
+replay to end (the gateway's replays_running/waiting gauges at 0); RSS
+again (subscribed). Each
 figure is (RSS after - RSS before) / connections, measured --settle-s after
 the last connection or subscription.
 
 Raw, same trial: a fresh raw aiohttp server (bench/_rawws.py: a plain
 `WebSocketResponse` per connection, no heartbeat), the same client, the same
 number of connections.
+
+Peers, same trial, each a fresh server read the same way (warm-up, RSS
+before, --conns connections, RSS after), with the same client:
+nats-server's own WebSocket listener (bench/_procs.py `NatsWsServer`; each
+connection has sent CONNECT and `SUB fan 1`, answered by PONG: subscribed)
+and python-socketio on aiohttp (bench/_sioserver.py; each connection is in
+the room). --no-peers skips them.
 
 Both this process and the children raise RLIMIT_NOFILE to its hard limit;
 the client spreads its connections over source addresses 127.0.0.2… so
@@ -30,7 +40,14 @@ from typing import Any
 from . import _gw, _lib
 from ._gw import progress
 from ._lib import Figure, Stack
-from ._procs import NO_CONNECTION_CAPS, GatewayProc, LoadProc, RawServerProc
+from ._procs import (
+    NO_CONNECTION_CAPS,
+    GatewayProc,
+    LoadProc,
+    NatsWsServer,
+    RawServerProc,
+    SioServerProc,
+)
 from ._wsload import raise_fd_limit
 
 KIB = 1024
@@ -43,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle-s", type=float, default=2.0, help="wait before reading RSS (default: 2)")  # fmt: skip
     p.add_argument("--sources", type=int, default=32, help="client source addresses (default: 32)")  # fmt: skip
     p.add_argument("--no-raw", action="store_true", help="skip the raw aiohttp server")
+    p.add_argument("--no-peers", action="store_true",
+                   help="skip nats-server WebSocket and python-socketio")  # fmt: skip
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,6 +86,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not args.no_raw:
                     t["raw"] = r = await _raw(args)
                     progress(f"trial {trial + 1}: raw aiohttp {r['kib']:.1f} KiB/conn")
+                if not args.no_peers:
+                    t["nats"] = r = await _nats(args)
+                    progress(f"trial {trial + 1}: nats-server WS {r['kib']:.1f} KiB/conn")
+                    t["sio"] = r = await _sio(args)
+                    progress(f"trial {trial + 1}: python-socketio {r['kib']:.1f} KiB/conn")
                 per_trial.append(t)
         finally:
             await b.close()
@@ -92,6 +116,9 @@ async def _gateway(st: Stack, sessions: list[str], args: argparse.Namespace) -> 
         s = await load.call("subscribe", topics=[f"session:{x}" for x in sessions], timeout_s=600)
         if s["n_errors"]:
             raise RuntimeError(f"subscribe failed ({s['n_errors']}): {s['errors']}")
+        # `subscribed` comes before the catch-up replay (from PostgreSQL, in
+        # turns): an idle subscription is one that has gone live.
+        live_s = await gw.wait_replays_done()
         await asyncio.sleep(args.settle_s)
         rss2 = gw.rss()
         stats = await load.call("stats")
@@ -111,6 +138,7 @@ async def _gateway(st: Stack, sessions: list[str], args: argparse.Namespace) -> 
         "subscription_kib": (rss2 - rss1) / n / KIB,
         "connect_s": c["seconds"],
         "subscribe_s": s["seconds"],
+        "live_s": s["seconds"] + live_s,
         "client_kib": (client_rss - c["rss0"]) / n / KIB,
     }
 
@@ -135,6 +163,40 @@ async def _raw(args: argparse.Namespace) -> dict[str, Any]:
             "connect_s": c["seconds"]}  # fmt: skip
 
 
+async def _peer(server: NatsWsServer | SioServerProc, args: argparse.Namespace,
+                proto: str) -> dict[str, Any]:  # fmt: skip
+    """A peer server, already started: RSS per subscribed connection."""
+    load = await LoadProc().start()
+    n = args.conns
+    try:
+        await load.call("connect", url=server.ws_url, n=20, proto=proto)
+        await load.call("close_all")
+        await asyncio.sleep(args.settle_s)
+        rss0 = server.rss()
+        c = await load.call("connect", url=server.ws_url, n=n, proto=proto, sources=args.sources,
+                            timeout_s=600)  # fmt: skip
+        await asyncio.sleep(args.settle_s)
+        rss1 = server.rss()
+        held = await server.connections()
+        if held < n:
+            raise RuntimeError(f"{proto} server holds {held} of {n} connections")
+    finally:
+        await load.stop()
+        await server.stop()
+    return {"conns": n, "rss_before": rss0, "rss_after": rss1, "kib": (rss1 - rss0) / n / KIB,
+            "connect_s": c["seconds"]}  # fmt: skip
+
+
+async def _nats(args: argparse.Namespace) -> dict[str, Any]:
+    server = NatsWsServer()
+    await server.start()
+    return await _peer(server, args, "nats")
+
+
+async def _sio(args: argparse.Namespace) -> dict[str, Any]:
+    return await _peer(await SioServerProc().start(), args, "sio")
+
+
 def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[Figure]:
     figs: list[Figure] = []
 
@@ -151,9 +213,13 @@ def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[
         add(sec, "raw aiohttp server RSS", "KiB/conn", "raw", "kib")
         vals = [t["gateway"]["sub_kib"] / t["raw"]["kib"] for t in per_trial]
         figs.append(_lib.summarize(sec, "gateway (subscribed) / raw", "ratio", vals))
+    if not args.no_peers:
+        add(sec, "nats-server WebSocket RSS, subscribed", "KiB/conn", "nats", "kib")
+        add(sec, "python-socketio RSS, in a room", "KiB/conn", "sio", "kib")
     figs.append(_lib.summarize(sec, "gateway RSS before the connections", "MiB",
                                [t["gateway"]["rss_before"] / KIB / KIB for t in per_trial]))  # fmt: skip
     add(sec, "time to open and authenticate all", "s", "gateway", "connect_s")
     add(sec, "time to subscribe all", "s", "gateway", "subscribe_s")
+    add(sec, "… until every subscription is live (catch-ups done)", "s", "gateway", "live_s")
     add(sec, "client process RSS", "KiB/conn", "gateway", "client_kib")
     return figs
