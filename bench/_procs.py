@@ -28,6 +28,7 @@ import signal
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,22 @@ cli.main(["gateway"])
 """
 
 
+# `runlog gateway` under tracemalloc (BENCH idle --tracemalloc-conns):
+# SIGUSR1 writes a snapshot of the live Python heap (after a full
+# collection) to argv[1], atomically, for `GatewayProc.heap_snapshot`.
+_TRACED_GATEWAY = """
+import gc, os, signal, sys, tracemalloc
+from runlog import cli
+tracemalloc.start(int(sys.argv[2]))
+def dump(signum, frame):
+    gc.collect()
+    tracemalloc.take_snapshot().dump(sys.argv[1] + ".part")
+    os.replace(sys.argv[1] + ".part", sys.argv[1])
+signal.signal(signal.SIGUSR1, dump)
+cli.main(["gateway"])
+"""
+
+
 # The load processes open their many clients as one user from one address:
 # benchmarks of fan-out, latency and idle connections turn the per-user and
 # per-address caps off (bench flood measures them, with their defaults).
@@ -188,6 +205,8 @@ class GatewayProc(_Child):
     def __init__(self, st: Stack, profile: Path | None = None, **settings: object) -> None:
         super().__init__("gateway")
         self.profile = profile
+        # Set before start(): run under tracemalloc, snapshots to this file.
+        self.traced: Path | None = None
         self.port = free_port()
         self.env = child_env(st, gateway_host="127.0.0.1", gateway_port=self.port, **settings)
 
@@ -205,6 +224,8 @@ class GatewayProc(_Child):
             preload = os.environ.get("BENCH_GATEWAY_PRELOAD")
             if self.profile:
                 argv = ["-c", _PROFILED_GATEWAY, str(self.profile)]
+            elif self.traced:
+                argv = ["-c", _TRACED_GATEWAY, str(self.traced), "1"]
             elif preload:
                 argv = ["-c", _PRELOADED_GATEWAY, preload]
             else:
@@ -225,6 +246,16 @@ class GatewayProc(_Child):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"gateway not ready in {timeout_s} s:\n{self.output()}")
                 await asyncio.sleep(0.1)
+
+    async def heap_snapshot(self, timeout_s: float = 300.0) -> tracemalloc.Snapshot:
+        """The gateway's Python heap now (only when started with `traced`)."""
+        assert self.traced is not None
+        self.traced.unlink(missing_ok=True)
+        os.kill(self.pid, signal.SIGUSR1)
+        async with asyncio.timeout(timeout_s):
+            while not self.traced.exists():
+                await asyncio.sleep(0.1)
+        return await asyncio.to_thread(tracemalloc.Snapshot.load, str(self.traced))
 
     async def gauges(self, *names: str) -> dict[str, float]:
         """Current values of unlabelled gauges, from its /metrics."""

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from . import _gw, _lib
@@ -60,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle-s", type=float, default=2.0, help="wait before reading RSS (default: 2)")  # fmt: skip
     p.add_argument("--sources", type=int, default=32, help="client source addresses (default: 32)")  # fmt: skip
     p.add_argument("--no-raw", action="store_true", help="skip the raw aiohttp server")
+    p.add_argument("--tracemalloc-conns", type=int, default=0, metavar="N",
+                   help="after the trials, one more gateway under tracemalloc: its Python heap "
+                   "per subscribed connection at N connections, by source line (default: 0, off)")  # fmt: skip
     p.add_argument("--no-peers", action="store_true",
                    help="skip nats-server WebSocket and python-socketio")  # fmt: skip
 
@@ -92,9 +97,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     t["sio"] = r = await _sio(args)
                     progress(f"trial {trial + 1}: python-socketio {r['kib']:.1f} KiB/conn")
                 per_trial.append(t)
+            heap = await _heap(st, sessions, args) if args.tracemalloc_conns else None
         finally:
             await b.close()
-    return {"servers": versions, "figures": _figures(per_trial, args), "trials": per_trial}
+    figs = _figures(per_trial, args)
+    if heap is not None:
+        sec = f"Python heap of the gateway per subscribed connection (tracemalloc, {heap['conns']:,} connections)"
+        figs.append(_lib.summarize(sec, "all", "B/conn", [heap["total"]]))
+        for name, size in heap["by_package"].items():
+            figs.append(_lib.summarize(sec, f"allocated in {name}", "B/conn", [size]))
+        for line, size, blocks in heap["top_lines"]:
+            figs.append(_lib.summarize(sec, f"{line} ({blocks:.1f} blocks)", "B/conn", [size]))
+    return {"servers": versions, "figures": figs, "trials": per_trial, "heap": heap}
 
 
 async def _gateway(st: Stack, sessions: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -141,6 +155,81 @@ async def _gateway(st: Stack, sessions: list[str], args: argparse.Namespace) -> 
         "live_s": s["seconds"] + live_s,
         "client_kib": (client_rss - c["rss0"]) / n / KIB,
     }
+
+
+async def _heap(st: Stack, sessions: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """What the gateway's Python heap holds per subscribed idle connection:
+    the difference of two tracemalloc snapshots (after a full collection),
+    before the connections and once they are all live, by source line of
+    the allocation (one frame) and by package. tracemalloc slows the
+    gateway down and adds its own overhead to RSS: only these sizes count."""
+    n = args.tracemalloc_conns
+    with tempfile.TemporaryDirectory(prefix="runlog-bench-heap-") as tmp:
+        gw = GatewayProc(st, None, **NO_CONNECTION_CAPS)
+        gw.traced = Path(tmp) / "heap.snapshot"
+        await gw.start()
+        load = await LoadProc().start()
+        token = _gw.token()
+        try:
+            await load.call("connect", url=gw.ws_url, n=20, token=token, protocol="runlog.v1")
+            await load.call("subscribe", topics=[f"session:{s}" for s in sessions[:20]])
+            await load.call("close_all")
+            await asyncio.sleep(args.settle_s)
+            before = await gw.heap_snapshot()
+            await load.call("connect", url=gw.ws_url, n=n, token=token, protocol="runlog.v1",
+                            sources=args.sources, timeout_s=600)  # fmt: skip
+            s = await load.call("subscribe", topics=[f"session:{x}" for x in sessions],
+                                timeout_s=600)  # fmt: skip
+            if s["n_errors"]:
+                raise RuntimeError(f"subscribe failed ({s['n_errors']}): {s['errors']}")
+            await gw.wait_replays_done()
+            await asyncio.sleep(args.settle_s)
+            after = await gw.heap_snapshot()
+        finally:
+            await load.stop()
+            await gw.stop(timeout_s=60)
+    stats = after.compare_to(before, "lineno")
+    by_package: dict[str, float] = {}
+    for st_ in stats:
+        pkg = _package(st_.traceback[0].filename)
+        by_package[pkg] = by_package.get(pkg, 0.0) + st_.size_diff / n
+    top = sorted(stats, key=lambda x: -x.size_diff)[:25]
+    return {
+        "conns": n,
+        "total": sum(x.size_diff for x in stats) / n,
+        "by_package": dict(sorted(by_package.items(), key=lambda kv: -kv[1])),
+        "top_lines": [
+            (
+                _short(x.traceback[0].filename) + f":{x.traceback[0].lineno}",
+                x.size_diff / n,
+                x.count_diff / n,
+            )
+            for x in top
+        ],
+    }
+
+
+def _package(filename: str) -> str:
+    parts = Path(filename).parts
+    for marker in ("site-packages", "python3.11"):
+        if marker in parts:
+            rest = parts[parts.index(marker) + 1 :]
+            return rest[0] if marker == "site-packages" or len(rest) < 2 else f"stdlib {rest[0]}"
+    for mine in ("gateway", "broker", "runlog"):
+        if mine in parts:
+            return mine
+    return "other"
+
+
+def _short(filename: str) -> str:
+    parts = Path(filename).parts
+    for marker in ("site-packages", "python3.11"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1 :])
+    for mine in ("gateway", "broker", "runlog"):
+        if mine in parts:
+            return "/".join(parts[parts.index(mine) :])
+    return filename
 
 
 async def _raw(args: argparse.Namespace) -> dict[str, Any]:
