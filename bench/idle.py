@@ -24,7 +24,8 @@ before, --conns connections, RSS after), with the same client:
 nats-server's own WebSocket listener (bench/_procs.py `NatsWsServer`; each
 connection has sent CONNECT and `SUB fan 1`, answered by PONG: subscribed)
 and python-socketio on aiohttp (bench/_sioserver.py; each connection is in
-the room). --no-peers skips them.
+the room). They run in the first --peer-trials trials (default 1: their
+figure is steady, and each costs ~35 s); --no-peers skips them.
 
 Both this process and the children raise RLIMIT_NOFILE to its hard limit;
 the client spreads its connections over source addresses 127.0.0.2… so
@@ -65,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracemalloc-conns", type=int, default=0, metavar="N",
                    help="after the trials, one more gateway under tracemalloc: its Python heap "
                    "per subscribed connection at N connections, by source line (default: 0, off)")  # fmt: skip
+    p.add_argument("--peer-trials", type=int, default=1,
+                   help="trials that also measure the peers (default: 1; their figure is steady)")  # fmt: skip
     p.add_argument("--no-peers", action="store_true",
                    help="skip nats-server WebSocket and python-socketio")  # fmt: skip
 
@@ -91,7 +94,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not args.no_raw:
                     t["raw"] = r = await _raw(args)
                     progress(f"trial {trial + 1}: raw aiohttp {r['kib']:.1f} KiB/conn")
-                if not args.no_peers:
+                if not args.no_peers and trial < args.peer_trials:
                     t["nats"] = r = await _nats(args)
                     progress(f"trial {trial + 1}: nats-server WS {r['kib']:.1f} KiB/conn")
                     t["sio"] = r = await _sio(args)
@@ -105,6 +108,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         sec = f"Python heap of the gateway per subscribed connection (tracemalloc, {heap['conns']:,} connections)"
         figs.append(_lib.summarize(sec, "all", "B/conn", [heap["total"]]))
         for name, size in heap["by_package"].items():
+            if abs(size) < 10:
+                continue
             figs.append(_lib.summarize(sec, f"allocated in {name}", "B/conn", [size]))
         for line, size, blocks in heap["top_lines"]:
             figs.append(_lib.summarize(sec, f"{line} ({blocks:.1f} blocks)", "B/conn", [size]))
@@ -302,9 +307,11 @@ def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[
         add(sec, "raw aiohttp server RSS", "KiB/conn", "raw", "kib")
         vals = [t["gateway"]["sub_kib"] / t["raw"]["kib"] for t in per_trial]
         figs.append(_lib.summarize(sec, "gateway (subscribed) / raw", "ratio", vals))
-    if not args.no_peers:
-        add(sec, "nats-server WebSocket RSS, subscribed", "KiB/conn", "nats", "kib")
-        add(sec, "python-socketio RSS, in a room", "KiB/conn", "sio", "kib")
+    if not args.no_peers and args.peer_trials:
+        peers = [t for t in per_trial if "nats" in t]
+        for which, name in (("nats", "nats-server WebSocket RSS, subscribed"),
+                            ("sio", "python-socketio RSS, in a room")):  # fmt: skip
+            figs.append(_lib.summarize(sec, name, "KiB/conn", [t[which]["kib"] for t in peers]))
     figs.append(_lib.summarize(sec, "gateway RSS before the connections", "MiB",
                                [t["gateway"]["rss_before"] / KIB / KIB for t in per_trial]))  # fmt: skip
     add(sec, "time to open and authenticate all", "s", "gateway", "connect_s")
