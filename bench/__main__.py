@@ -21,7 +21,7 @@ from types import ModuleType
 from . import _lib
 
 SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents",
-             "console")  # fmt: skip
+             "console", "peers")  # fmt: skip
 
 
 def _load(name: str) -> ModuleType:

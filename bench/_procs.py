@@ -8,6 +8,9 @@
   JSON pages), driven over stdin/stdout.
 - `SseLoadProc`: bench/_sseload.py, the SSE reader of `bench compat` (any
   format, native or compat), driven the same way.
+- `NatsWsServer`: a private nats-server with its WebSocket listener (the
+  "expose NATS to browsers" peer), `SioServerProc`: bench/_sioserver.py
+  (python-socketio on aiohttp, the rooms peer).
 - `Meter`: the CPU readers of `_lib.CpuMeter` plus any of these processes,
   so that `_lib.Timer` reports each one's CPU and the host's outside load.
 
@@ -25,13 +28,14 @@ import signal
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psutil
 
-from broker.embedded import free_port
+from broker.embedded import NatsProcess, free_port
 
 from . import _lib
 from ._lib import Stack
@@ -47,6 +51,24 @@ def _cpu_s(pid: int) -> float:
     return t.user + t.system
 
 
+def task_cpu_s(pid: int) -> float:
+    """CPU seconds of every live thread of `pid`, at nanosecond resolution
+    (the scheduler's run time, /proc/PID/task/*/schedstat: the time that
+    user+sys accounts, which /proc/PID/stat and so psutil only give in 10 ms
+    ticks, too coarse for a round of a few ms). Threads that exited are
+    not counted: for servers whose threads live as long as they do."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError as e:
+        raise psutil.NoSuchProcess(pid) from e
+    for tid in tids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total / 1e9
+
+
 def rss_bytes(pid: int) -> int:
     return int(psutil.Process(pid).memory_info().rss)
 
@@ -57,9 +79,13 @@ class Meter(_lib.CpuMeter):
     def __init__(self, st: Stack) -> None:
         super().__init__(st)
         self._pids: dict[str, int] = {}
+        self._precise: set[str] = set()
 
-    def add(self, name: str, pid: int) -> None:
+    def add(self, name: str, pid: int, precise: bool = False) -> None:
+        """`precise`: read it with `task_cpu_s` (ns) rather than psutil (10 ms ticks)."""
         self._pids[name] = pid
+        if precise:
+            self._precise.add(name)
 
     def remove(self, name: str) -> None:
         self._pids.pop(name, None)
@@ -68,7 +94,7 @@ class Meter(_lib.CpuMeter):
         snap = super().snapshot()
         for name, pid in self._pids.items():
             try:
-                snap[name] = _cpu_s(pid)
+                snap[name] = task_cpu_s(pid) if name in self._precise else _cpu_s(pid)
             except psutil.NoSuchProcess:
                 snap[name] = float("nan")
         return snap
@@ -150,6 +176,22 @@ cli.main(["gateway"])
 """
 
 
+# `runlog gateway` under tracemalloc (BENCH idle --tracemalloc-conns):
+# SIGUSR1 writes a snapshot of the live Python heap (after a full
+# collection) to argv[1], atomically, for `GatewayProc.heap_snapshot`.
+_TRACED_GATEWAY = """
+import gc, os, signal, sys, tracemalloc
+from runlog import cli
+tracemalloc.start(int(sys.argv[2]))
+def dump(signum, frame):
+    gc.collect()
+    tracemalloc.take_snapshot().dump(sys.argv[1] + ".part")
+    os.replace(sys.argv[1] + ".part", sys.argv[1])
+signal.signal(signal.SIGUSR1, dump)
+cli.main(["gateway"])
+"""
+
+
 # The load processes open their many clients as one user from one address:
 # benchmarks of fan-out, latency and idle connections turn the per-user and
 # per-address caps off (bench flood measures them, with their defaults).
@@ -163,6 +205,8 @@ class GatewayProc(_Child):
     def __init__(self, st: Stack, profile: Path | None = None, **settings: object) -> None:
         super().__init__("gateway")
         self.profile = profile
+        # Set before start(): run under tracemalloc, snapshots to this file.
+        self.traced: Path | None = None
         self.port = free_port()
         self.env = child_env(st, gateway_host="127.0.0.1", gateway_port=self.port, **settings)
 
@@ -180,6 +224,8 @@ class GatewayProc(_Child):
             preload = os.environ.get("BENCH_GATEWAY_PRELOAD")
             if self.profile:
                 argv = ["-c", _PROFILED_GATEWAY, str(self.profile)]
+            elif self.traced:
+                argv = ["-c", _TRACED_GATEWAY, str(self.traced), "1"]
             elif preload:
                 argv = ["-c", _PRELOADED_GATEWAY, preload]
             else:
@@ -200,6 +246,37 @@ class GatewayProc(_Child):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"gateway not ready in {timeout_s} s:\n{self.output()}")
                 await asyncio.sleep(0.1)
+
+    async def heap_snapshot(self, timeout_s: float = 300.0) -> tracemalloc.Snapshot:
+        """The gateway's Python heap now (only when started with `traced`)."""
+        assert self.traced is not None
+        self.traced.unlink(missing_ok=True)
+        os.kill(self.pid, signal.SIGUSR1)
+        async with asyncio.timeout(timeout_s):
+            while not self.traced.exists():
+                await asyncio.sleep(0.1)
+        return await asyncio.to_thread(tracemalloc.Snapshot.load, str(self.traced))
+
+    async def gauges(self, *names: str) -> dict[str, float]:
+        """Current values of unlabelled gauges, from its /metrics."""
+        async with aiohttp.ClientSession() as http, http.get(self.url + "/metrics") as r:
+            text = await r.text()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in names:
+                out[name] = float(value)
+        return out
+
+    async def wait_replays_done(self, timeout_s: float = 600.0) -> float:
+        """Until no catch-up replay runs or waits for a turn (subscriptions
+        are then all live); returns the seconds it took."""
+        names = ("runlog_gateway_replays_running", "runlog_gateway_replays_waiting")
+        t0 = time.monotonic()
+        async with asyncio.timeout(timeout_s):
+            while any((await self.gauges(*names)).values()):
+                await asyncio.sleep(0.1)
+        return time.monotonic() - t0
 
 
 class WorkerProc(_Child):
@@ -319,3 +396,76 @@ class SseLoadProc(_LineChild):
     async def start(self) -> SseLoadProc:
         await self._spawn("bench._sseload", *(["--uvloop"] if self.use_uvloop else []))
         return self
+
+
+class NatsWsServer(NatsProcess):
+    """The embedded nats-server binary with its own WebSocket listener:
+    `websocket { host, port, no_tls: true }` (no compression, everything
+    else at its defaults) beside its TCP port, in a temp folder of its own,
+    so its CPU and memory are only the peer's."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="runlog-bench-natsws-")
+        super().__init__(Path(self._tmp.name), port=0)
+        self.ws_port = free_port()
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.ws_port}/"
+
+    def config_text(self) -> str:
+        return super().config_text() + (
+            f'websocket {{\n  host: "127.0.0.1"\n  port: {self.ws_port}\n  no_tls: true\n}}\n'
+        )
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+    async def start(self) -> None:
+        raise_fd_limit()
+        await super().start()
+
+    async def connections(self) -> int:
+        """Client connections nats-server holds (its /varz)."""
+        async with aiohttp.ClientSession() as http, http.get(self.monitor_url + "/varz") as r:
+            return int((await r.json())["connections"])
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            self._tmp.cleanup()
+
+
+class SioServerProc(_LineChild):
+    """bench/_sioserver.py: python-socketio on aiohttp, every client in one room."""
+
+    def __init__(self) -> None:
+        super().__init__("sioserver")
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/socket.io/?EIO=4&transport=websocket"
+
+    async def start(self) -> SioServerProc:
+        self.port = (await self._spawn("bench._sioserver"))["port"]
+        return self
+
+    async def _http(self, method: str, path: str, timeout_s: float, **params: int) -> Any:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http,
+            http.request(method, self.url + path, params=params) as r,
+        ):
+            return await r.json()
+
+    async def broadcast(self, count: int, timeout_s: float = 600.0) -> dict[str, Any]:
+        out: dict[str, Any] = await self._http("POST", "/broadcast", timeout_s, count=count)
+        return out
+
+    async def connections(self) -> int:
+        return int((await self._http("GET", "/stats", 30.0))["connections"])

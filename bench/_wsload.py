@@ -20,7 +20,7 @@ load) and later its result.
 
 | command | does | reply |
 |---|---|---|
-| `connect` url, n, token?, protocol?, hello?, sources?, concurrency?, cursor? | open n connections (wait for the upgrade and, with `hello`, the server's hello) | rss, seconds |
+| `connect` url, n, token?, protocol?, hello?, sources?, concurrency?, cursor?, proto?, subject? | open n connections (wait for the upgrade and, with `hello`, the server's hello); `proto` "nats" or "sio": a peer's client (`NatsConn`, `SioConn`: ready once subscribed; `cursor` then counts messages received) | rss, seconds |
 | `subscribe` topics (one per connection, cycled), batch, after | send `subscribe`, wait for every `subscribed` | seconds, errors |
 | `arm` target | until every connection's cursor reaches `target` | t_first, t_last, frames, events |
 | `record` on | keep (topic, cursor, wall time) of every event received | |
@@ -194,11 +194,8 @@ class WsConn(asyncio.Protocol):
                 break
             op = buf[i] & 0x0F
             i = e
-            if op == 1:
-                if buf.startswith(_EVENT, s):
-                    self._event(buf, s, e, t)
-                else:
-                    self._reply(json.loads(bytes(buf[s:e])))
+            if op == 1 or op == 2:
+                self._data(buf, s, e, t)
             elif op == 9:  # ping: answer, or the server closes us
                 if self.transport is not None:
                     self.transport.write(client_frame(0xA, bytes(buf[s:e])))
@@ -209,6 +206,28 @@ class WsConn(asyncio.Protocol):
                     self.transport.close()
         if i:
             del buf[:i]
+
+    def _data(self, buf: bytearray, s: int, e: int, t: float) -> None:
+        """A text or binary frame's payload, buf[s:e] (peer protocols override)."""
+        if buf.startswith(_EVENT, s):
+            self._event(buf, s, e, t)
+        else:
+            self._reply(json.loads(bytes(buf[s:e])))
+
+    def _delivered(self, k: int, t: float) -> None:
+        """A peer's frame carrying `k` messages: for peers, `cursor` counts
+        the messages this connection received."""
+        load = self.load
+        if load.t_first == 0.0:
+            load.t_first = t
+        self.frames += 1
+        load.frames += 1
+        self.events += k
+        load.events += k
+        before = self.cursor
+        self.cursor += k
+        if before < load.target <= self.cursor:
+            load.reached(t)
 
     def _event(self, buf: bytearray, s: int, e: int, t: float) -> None:
         k = buf.find(_CURSOR, s, e) + 9
@@ -270,6 +289,64 @@ class WsConn(asyncio.Protocol):
             self.transport.close()
 
 
+class NatsConn(WsConn):
+    """A client of nats-server's WebSocket listener, speaking the NATS text
+    protocol: INFO, then `CONNECT`, `SUB`, `PING`; ready at the PONG (the SUB
+    is in place). nats-server puts several MSGs in one frame, and may split
+    one across two: MSGs are counted by their `MSG ` marker, with the last 3
+    bytes of the previous frame carried over."""
+
+    def __init__(self, load: Load, request: bytes, subject: str) -> None:
+        super().__init__(load, request, want_hello=True)
+        self.hello = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\nSUB %s 1\r\nPING\r\n' % subject.encode()  # fmt: skip
+        self.live = False
+        self.tail = b""
+
+    def _data(self, buf: bytearray, s: int, e: int, t: float) -> None:
+        tr = self.transport
+        if not self.live:
+            data = bytes(buf[s:e])
+            if data.startswith(b"INFO ") and tr is not None:
+                tr.write(client_frame(2, self.hello))
+            elif b"-ERR" in data and not self.ready.done():
+                self.ready.set_exception(ConnectionError(data[:200].decode(errors="replace")))
+            elif b"PONG\r\n" in data:
+                self.live = True
+                if not self.ready.done():
+                    self.ready.set_result(None)
+            return
+        k = buf.count(b"MSG ", s, e)
+        if self.tail:
+            k += (self.tail + bytes(buf[s : min(e, s + 3)])).count(b"MSG ")
+        self.tail = bytes(buf[max(s, e - 3) : e])
+        if buf.find(b"PING\r\n", s, e) >= 0 and tr is not None:  # keepalive (2 min)
+            tr.write(client_frame(2, b"PONG\r\n"))
+        if k:
+            self._delivered(k, t)
+
+
+class SioConn(WsConn):
+    """A python-socketio client over the WebSocket transport, Engine.IO v4 /
+    Socket.IO v5 framing by hand: `0{open}` → `40` → `40{sid}` (ready, in
+    the room the server's connect handler put it in); ping `2` → `3`;
+    every `42[...]` frame is one event."""
+
+    def __init__(self, load: Load, request: bytes) -> None:
+        super().__init__(load, request, want_hello=True)
+
+    def _data(self, buf: bytearray, s: int, e: int, t: float) -> None:
+        if buf.startswith(b"42", s):
+            self._delivered(1, t)
+        elif e - s == 1 and buf[s] == 0x32:  # "2": Engine.IO ping
+            if self.transport is not None:
+                self.transport.write(client_frame(1, b"3"))
+        elif buf.startswith(b"0{", s):
+            if self.transport is not None:
+                self.transport.write(client_frame(1, b"40"))
+        elif buf.startswith(b"40", s) and not self.ready.done():
+            self.ready.set_result(None)
+
+
 def _upgrade_request(url: str, token: str | None, protocol: str | None) -> tuple[str, int, bytes]:
     assert url.startswith("ws://")
     hostport, _, path = url[5:].partition("/")
@@ -298,10 +375,18 @@ async def open_conn(
     hello: bool,
     source: str | None = None,
     timeout_s: float = 60.0,
+    proto: str = "runlog",
+    subject: str = "fan",
 ) -> WsConn:
     host, port, request = _upgrade_request(url, token, protocol)
     loop = asyncio.get_running_loop()
-    conn = WsConn(load, request, hello)
+    conn: WsConn
+    if proto == "nats":
+        conn = NatsConn(load, request, subject)
+    elif proto == "sio":
+        conn = SioConn(load, request)
+    else:
+        conn = WsConn(load, request, hello)
     local = (source, 0) if source else None
     await loop.create_connection(lambda: conn, host, port, local_addr=local)
     async with asyncio.timeout(timeout_s):
@@ -318,7 +403,8 @@ class Driver:
 
     async def connect(self, url: str, n: int, token: str | None = None,
                       protocol: str | None = None, hello: bool = True, sources: int = 1,
-                      concurrency: int = 100, cursor: int = 0) -> dict[str, Any]:  # fmt: skip
+                      concurrency: int = 100, cursor: int = 0, proto: str = "runlog",
+                      subject: str = "fan") -> dict[str, Any]:  # fmt: skip
         rss0 = rss_bytes()
         gate = asyncio.Semaphore(concurrency)
         t0 = time.perf_counter()
@@ -329,9 +415,8 @@ class Driver:
             # ephemeral ports (and past TIME_WAIT of earlier trials).
             src = f"127.0.0.{2 + (base + i) % sources}" if sources > 1 else None
             async with gate:
-                return await open_conn(
-                    self.load, url, token=token, protocol=protocol, hello=hello, source=src
-                )
+                return await open_conn(self.load, url, token=token, protocol=protocol,
+                                       hello=hello, source=src, proto=proto, subject=subject)  # fmt: skip
 
         conns = await asyncio.gather(*(one(i) for i in range(n)))
         for c in conns:
