@@ -78,7 +78,7 @@ async def test_rest(case: Case, gw: RunningGateway, http: aiohttp.ClientSession)
         body = await r.json()
         if case.code is None:
             assert r.status == 200, body
-            assert body == {"sessions": []}
+            assert body == {"sessions": [], "next_before": None}
         else:
             assert r.status == 401, body
             _check_refusal(case, r.status, body["error"])

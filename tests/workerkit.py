@@ -44,8 +44,14 @@ def worker_settings(settings: Settings, **overrides: Any) -> Settings:
 
 
 async def purge_jobs(broker: Broker) -> None:
-    """Drop job messages earlier tests left unconsumed (they ran no worker)."""
+    """Drop job messages earlier tests left unconsumed (they ran no worker),
+    and retire the runs they left unended (a test's runs end with it): a
+    worker of this test would take them over, resume them, and count it."""
     await broker.bus.js.purge_stream(JOBS_STREAM)
+    await broker.store.pool.execute(
+        "UPDATE runs SET ended_at = now(), status = 'failed', owner_epoch = owner_epoch + 1,"
+        " lease_until = NULL WHERE ended_at IS NULL"
+    )
 
 
 @asynccontextmanager
