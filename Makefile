@@ -46,7 +46,7 @@ fuzz: $(STAMP)
 		$(BIN)/python -m pytest tests/test_fuzz.py -q -s --timeout=1800
 
 bench: $(STAMP)
-	for s in append fanout latency replay idle worker; do $(BIN)/python -m bench $$s || exit 1; done
+	for s in append fanout latency replay idle worker cores; do $(BIN)/python -m bench $$s || exit 1; done
 
 clean:
 	rm -rf $(VENV) .runlog .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules

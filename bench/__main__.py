@@ -20,7 +20,9 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents")
+SCENARIOS = (
+    "append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents", "cores",
+)  # fmt: skip
 
 
 def _load(name: str) -> ModuleType:
