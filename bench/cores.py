@@ -17,7 +17,9 @@ as a model does (each commit a small live batch):
   the same work (the same live batches, the same writes per connection):
   gateway CPU µs per delivered event, psutil user+sys of the whole group
   (parent and children summed) over the window / events the clients received
-  in it. Same work, so any difference is the price of being several processes.
+  in it. Same work, so any difference is the price of being several processes
+  (beside it: what the group spends with every client subscribed and nothing
+  sent, heartbeats and timers, paid once per process).
 - capacity R, for each R of --capacity-rates: R events/s, more than one
   process keeps up with:
   delivered events/s (all clients, all processes) in the window, and the
@@ -137,6 +139,7 @@ async def _configuration(c: _Ctx, processes: int) -> dict[str, Any]:
         w = await _connect(c, gw)
         out["spread"] = await _spread(gw)
         try:
+            out["idle_cores"] = await _idle(meter, c.args.sustain_s / 2)
             for phase, rate in _phases(c.args):
                 await _arm_all(c, w.last_seq, 300.0)  # the last window's backlog, if any
                 out[phase] = await _window(c, w, meter, members, rate)
@@ -168,6 +171,16 @@ async def _arm_all(c: _Ctx, target: int, timeout_s: float = 120.0) -> None:
     for res in await asyncio.gather(*(load.armed_result(timeout_s + 60) for load in c.loads)):
         if res["timed_out"] or res["short"]:
             raise RuntimeError(f"clients did not catch up: {res}")
+
+
+async def _idle(meter: Meter, secs: float) -> float:
+    """Cores the gateway group uses with every client subscribed and nothing sent
+    (heartbeats, timers, the parent): paid once per process."""
+    timer = Timer(meter)
+    timer.start()
+    await asyncio.sleep(secs)
+    timer.stop()
+    return timer.cpu_s["gateway"] / timer.wall_s
 
 
 async def _stats(c: _Ctx) -> list[dict[str, Any]]:
@@ -265,6 +278,8 @@ def _figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[
             add("backlog at the end", "s", "backlog_s")
             add("gateway CPU (all processes summed)", "µs/event", "gateway_us_per_event")
             add("gateway CPU", "cores", "gateway_cores")
+            vals = [t[key]["idle_cores"] for t in per_trial]
+            figs.append(_lib.summarize(sec, "gateway CPU, subscribed but idle", "cores", vals))
             if p > 1:
                 add("busiest process's share of the gateway CPU", "fraction",
                     "busiest_member_share")  # fmt: skip
