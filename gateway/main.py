@@ -45,9 +45,9 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     await runner.setup()  # connects the broker: a process joins a shared port once it can serve
     ops: web.AppRunner | None = None
     try:
-        if settings.gateway_metrics_port:
-            ops = await _start_ops(app, settings)
         site = await _listen(runner, settings)
+        if settings.gateway_metrics_port:  # after: its /readyz says the shared port is bound
+            ops = await _start_ops(app, settings)
     except BaseException:
         if ops is not None:
             await ops.cleanup()
