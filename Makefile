@@ -52,7 +52,7 @@ fuzz: $(STAMP)
 		$(BIN)/python -m pytest tests/test_fuzz.py -q -s --timeout=1800
 
 bench: $(STAMP)
-	for s in append fanout peers latency replay idle worker flood compat agents console; do $(BIN)/python -m bench $$s || exit 1; done
+	for s in append fanout peers cores latency replay idle worker flood compat agents console; do $(BIN)/python -m bench $$s || exit 1; done
 
 clean:
 	rm -rf $(VENV) .runlog .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules

@@ -20,8 +20,10 @@ from types import ModuleType
 
 from . import _lib
 
-SCENARIOS = ("append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents",
-             "console", "peers")  # fmt: skip
+SCENARIOS = (
+    "append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents",
+    "console", "peers", "cores",
+)  # fmt: skip
 
 
 def _load(name: str) -> ModuleType:

@@ -174,7 +174,7 @@ def _cpu_s(proc: psutil.Process, with_children: bool) -> float:
     return total
 
 
-def _tree_cpu_s(pid: int) -> float:
+def tree_cpu_s(pid: int) -> float:
     """CPU of a server and all its live children, plus the reaped ones.
 
     A child that exits between two snapshots moves its whole time into the
@@ -216,10 +216,10 @@ class CpuMeter:
         }
         if st.pg_pid is not None:
             pg_pid = st.pg_pid
-            self._readers["postgres"] = lambda: _tree_cpu_s(pg_pid)
+            self._readers["postgres"] = lambda: tree_cpu_s(pg_pid)
         if st.nats_pid is not None:
             nats_pid = st.nats_pid
-            self._readers["nats"] = lambda: _tree_cpu_s(nats_pid)
+            self._readers["nats"] = lambda: tree_cpu_s(nats_pid)
 
     def snapshot(self) -> dict[str, float]:
         return {name: read() for name, read in self._readers.items()}

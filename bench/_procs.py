@@ -1,7 +1,9 @@
 """Processes of the gateway and worker benchmarks, each measured apart.
 
 - `GatewayProc`: the real gateway, `python -m runlog.cli gateway`, configured
-  only through RUNLOG_* variables, on a free port.
+  only through RUNLOG_* variables, on a free port. `GatewayGroupProc`: N of
+  them sharing that port (`runlog gateway --processes N`), each with its own
+  metrics port.
 - `WorkerProc`: the real worker, `python -m runlog.cli worker`.
 - `RawServerProc`: bench/_rawws.py, the raw aiohttp server to compare with.
 - `LoadProc`: bench/_wsload.py, the client process (many WebSockets, SSE,
@@ -35,7 +37,7 @@ from typing import Any
 import aiohttp
 import psutil
 
-from broker.embedded import NatsProcess, free_port
+from broker.embedded import NatsProcess, free_port, port_is_free
 
 from . import _lib
 from ._lib import Stack
@@ -80,6 +82,7 @@ class Meter(_lib.CpuMeter):
         super().__init__(st)
         self._pids: dict[str, int] = {}
         self._precise: set[str] = set()
+        self._trees: dict[str, int] = {}
 
     def add(self, name: str, pid: int, precise: bool = False) -> None:
         """`precise`: read it with `task_cpu_s` (ns) rather than psutil (10 ms ticks)."""
@@ -87,14 +90,24 @@ class Meter(_lib.CpuMeter):
         if precise:
             self._precise.add(name)
 
+    def add_tree(self, name: str, pid: int) -> None:
+        """`pid` and every process under it, as one (a gateway group)."""
+        self._trees[name] = pid
+
     def remove(self, name: str) -> None:
         self._pids.pop(name, None)
+        self._trees.pop(name, None)
 
     def snapshot(self) -> dict[str, float]:
         snap = super().snapshot()
         for name, pid in self._pids.items():
             try:
                 snap[name] = task_cpu_s(pid) if name in self._precise else _cpu_s(pid)
+            except psutil.NoSuchProcess:
+                snap[name] = float("nan")
+        for name, pid in self._trees.items():
+            try:
+                snap[name] = _lib.tree_cpu_s(pid)
             except psutil.NoSuchProcess:
                 snap[name] = float("nan")
         return snap
@@ -198,6 +211,14 @@ cli.main(["gateway"])
 NO_CONNECTION_CAPS: dict[str, object] = {"max_connections_per_user": 0, "max_connections_per_ip": 0}
 
 
+def consecutive_free_ports(n: int) -> int:
+    """A port p with p .. p+n-1 free right now."""
+    while True:
+        base = free_port()
+        if base + n <= 65535 and all(port_is_free(base + i) for i in range(1, n)):
+            return base
+
+
 class GatewayProc(_Child):
     """`profile`: run the gateway under cProfile (CPU time), stats written to
     that file when it stops."""
@@ -207,8 +228,16 @@ class GatewayProc(_Child):
         self.profile = profile
         # Set before start(): run under tracemalloc, snapshots to this file.
         self.traced: Path | None = None
+        self.processes = 1
+        self.metrics_ports: list[int] = []  # a group's: each process's own port
         self.port = free_port()
         self.env = child_env(st, gateway_host="127.0.0.1", gateway_port=self.port, **settings)
+
+    def member_pids(self) -> list[int]:
+        """The pids that serve connections: the group's children, or the lone gateway."""
+        if self.processes == 1:
+            return [self.pid]
+        return [p.pid for p in psutil.Process(self.pid).children()]
 
     @property
     def url(self) -> str:
@@ -230,19 +259,22 @@ class GatewayProc(_Child):
                 argv = ["-c", _PRELOADED_GATEWAY, preload]
             else:
                 argv = ["-m", "runlog.cli", "gateway"]
+                if self.processes > 1:
+                    argv += ["--processes", str(self.processes)]
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, *argv, cwd=REPO, env=self.env, stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
+        urls = [f"http://127.0.0.1:{m}/readyz" for m in self.metrics_ports]
+        pending = urls or [self.url + "/readyz"]
         async with aiohttp.ClientSession() as http:
             while True:
                 if self.proc.returncode is not None:
                     raise RuntimeError(f"gateway exited:\n{self.output()}")
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with http.get(self.url + "/readyz") as r:
-                        if r.status == 200:
-                            return self
+                pending = [u for u in pending if not await _answers_200(http, u)]
+                if not pending:
+                    return self
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"gateway not ready in {timeout_s} s:\n{self.output()}")
                 await asyncio.sleep(0.1)
@@ -277,6 +309,26 @@ class GatewayProc(_Child):
             while any((await self.gauges(*names)).values()):
                 await asyncio.sleep(0.1)
         return time.monotonic() - t0
+
+
+class GatewayGroupProc(GatewayProc):
+    """`runlog gateway --processes N`: N gateways sharing one port, ready once
+    every process's own /readyz (on its metrics port) says so."""
+
+    def __init__(self, st: Stack, processes: int, **settings: object) -> None:
+        if os.environ.get("BENCH_GATEWAY_PRELOAD"):
+            raise ValueError("BENCH_GATEWAY_PRELOAD runs one process: use GatewayProc")
+        base = consecutive_free_ports(processes)
+        super().__init__(st, None, gateway_metrics_port=base, **settings)
+        self.processes = processes
+        self.metrics_ports = [base + k for k in range(processes)]
+
+
+async def _answers_200(http: aiohttp.ClientSession, url: str) -> bool:
+    with contextlib.suppress(aiohttp.ClientError, OSError):
+        async with http.get(url) as r:
+            return r.status == 200
+    return False
 
 
 class WorkerProc(_Child):

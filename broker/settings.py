@@ -121,6 +121,25 @@ class Settings:
     # -- gateway
     gateway_host: str = _opt("127.0.0.1", "Address the gateway listens on.")
     gateway_port: int = _opt(8080, "Port the gateway listens on (`runlog up`: the first gateway).")
+    gateway_processes: int = _opt(
+        1,
+        "Gateway processes sharing gateway_port (processes): `runlog gateway` starts this many "
+        "children, each a full gateway, and supervises them (`runlog gateway --processes`, "
+        "`runlog up --gateway-processes`); the kernel spreads connections over them.",
+    )
+    gateway_metrics_port: int = _opt(
+        0,
+        "Port of a gateway process's own /metrics, /healthz and /readyz (on gateway_host): "
+        "process k (from 0) of a gateway listens on gateway_metrics_port + k, besides the "
+        "shared gateway_port. 0: none for a lone process; free ports, printed, for each of "
+        "gateway_processes > 1.",
+    )
+    gateway_reuse_port: bool = _opt(
+        False,
+        "Bind gateway_port with SO_REUSEPORT, sharing it with other gateway processes of the "
+        "same user (set for its children by `runlog gateway --processes`); a port held by "
+        "another such process is then not port_in_use.",
+    )
     public_url: str = _opt(
         "",
         "URL clients reach the gateway at (for links and the Origin allow-list); "

@@ -209,3 +209,18 @@ def build_app(
     if STATIC_DIR.is_dir():
         r.add_static("/static/", STATIC_DIR)
     return app
+
+
+def build_ops_app(app: web.Application) -> web.Application:
+    """This process's /metrics, /healthz and /readyz alone, for its own port
+    (gateway_metrics_port): on a port several processes share, a request
+    reaches any one of them. Build it once `app` has started (its gateway is
+    in it); the answers are those of `app`'s routes."""
+    ops = web.Application()
+    ops[REGISTRY] = app[REGISTRY]
+    ops[GATEWAY] = app[GATEWAY]
+    ops.on_response_prepare.append(_server_header)
+    ops.router.add_get("/healthz", healthz)
+    ops.router.add_get("/readyz", readyz)
+    ops.router.add_get("/metrics", metrics)
+    return ops

@@ -4,6 +4,12 @@ A port already in use is `port_in_use` (one line, exit 2), not a traceback;
 so is the public default jwt_secret (or an empty one) on an address other
 than loopback (`insecure_secret`).
 
+With gateway_reuse_port the client port is bound with SO_REUSEPORT, shared
+with the other processes of a group (`runlog gateway --processes N`,
+runlog/group.py); with gateway_metrics_port this process also serves its own
+/metrics, /healthz and /readyz there, which the shared port cannot (a request
+to it reaches any process of the group).
+
 Drain: stop accepting connections, tell every client to resume elsewhere
 (code `server_draining` with its cursors), wait for them to go (at most
 `gateway_drain_s`), close.
@@ -24,31 +30,34 @@ from broker.settings import Settings
 
 from . import auth
 from ._aio import AppRunner
-from .app import build_app
+from .app import build_app, build_ops_app
 from .context import GATEWAY
 
 log = logging.getLogger("runlog.gateway")
 
 
-async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = False) -> None:
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
     auth.check_secret(settings)
     app = build_app(settings)
     runner = AppRunner(
         app, handle_signals=False, shutdown_timeout=settings.gateway_drain_s, access_log=None
     )
-    await runner.setup()
-    site = web.TCPSite(
-        runner, settings.gateway_host, settings.gateway_port, reuse_port=reuse_port or None
-    )
+    await runner.setup()  # connects the broker: a process joins a shared port once it can serve
+    ops: web.AppRunner | None = None
     try:
-        await site.start()
-    except OSError as e:
+        site = await _listen(runner, settings)
+        if settings.gateway_metrics_port:  # after: its /readyz says the shared port is bound
+            ops = await _start_ops(app, settings)
+    except BaseException:
+        if ops is not None:
+            await ops.cleanup()
         await runner.cleanup()
-        if e.errno == errno.EADDRINUSE:
-            raise errors.PortInUse(settings.gateway_port, "gateway", "gateway_port") from e
         raise
     freeze_startup_heap()
-    log.info("gateway listening on http://%s:%s", settings.gateway_host, settings.gateway_port)
+    shared = " (shared: SO_REUSEPORT)" if settings.gateway_reuse_port else ""
+    own = f", metrics port {settings.gateway_metrics_port}" if ops is not None else ""
+    log.info("gateway listening on http://%s:%s%s%s", settings.gateway_host,
+             settings.gateway_port, shared, own)  # fmt: skip
     try:
         await stop.wait()
     finally:
@@ -62,7 +71,38 @@ async def serve(settings: Settings, stop: asyncio.Event, *, reuse_port: bool = F
             except TimeoutError:
                 log.warning("drain took longer than %.1fs", settings.gateway_drain_s)
         await runner.cleanup()
+        if ops is not None:  # last: /readyz says 503 (draining) until the end
+            await ops.cleanup()
         log.info("gateway stopped")
+
+
+async def _listen(runner: web.AppRunner, settings: Settings) -> web.TCPSite:
+    """The client port, shared with the other processes of a group (SO_REUSEPORT:
+    the kernel spreads new connections over every socket bound to it)."""
+    site = web.TCPSite(runner, settings.gateway_host, settings.gateway_port,
+                       reuse_port=settings.gateway_reuse_port or None)  # fmt: skip
+    try:
+        await site.start()
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise errors.PortInUse(settings.gateway_port, "gateway", "gateway_port") from e
+        raise
+    return site
+
+
+async def _start_ops(app: web.Application, settings: Settings) -> web.AppRunner:
+    """This process's /metrics, /healthz and /readyz on gateway_metrics_port."""
+    ops = web.AppRunner(build_ops_app(app), handle_signals=False, access_log=None)
+    await ops.setup()
+    try:
+        await web.TCPSite(ops, settings.gateway_host, settings.gateway_metrics_port).start()
+    except OSError as e:
+        await ops.cleanup()
+        if e.errno == errno.EADDRINUSE:
+            port = settings.gateway_metrics_port
+            raise errors.PortInUse(port, "gateway metrics", "gateway_metrics_port") from e
+        raise
+    return ops
 
 
 def freeze_startup_heap() -> None:

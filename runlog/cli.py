@@ -4,7 +4,8 @@ runlog up         embedded stack: nats-server + PostgreSQL, migrate, then
                   the worker(s) and gateway(s), restarted if they die;
                   Ctrl-C stops everything
 runlog migrate    apply pending migrations to RUNLOG_DATABASE_URL
-runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port
+runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port;
+                  --processes N: N of them sharing that port, supervised
 runlog worker     a worker: takes run jobs, executes runs (--concurrency N)
 runlog token      mint a bearer token for --user, signed with jwt_secret or
                   else the secret of --data-dir's `runlog up`
@@ -46,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     Settings.add_arguments(mig)
 
     gw = sub.add_parser("gateway", help="run a gateway (REST, SSE, WebSocket)")
+    gw.add_argument(
+        "--processes", type=int, default=None,
+        help="gateway processes sharing gateway_port, supervised by this one (gateway_processes)",
+    )  # fmt: skip
     Settings.add_arguments(gw)
 
     wk = sub.add_parser("worker", help="run a worker (executes runs; SIGTERM drains it)")
@@ -125,6 +130,11 @@ def main(argv: list[str] | None = None) -> None:
             from gateway import main as gateway_main
 
             _need_urls(settings)
+            processes = settings.gateway_processes if args.processes is None else args.processes
+            if processes != 1:
+                from . import group
+
+                sys.exit(asyncio.run(group.run(settings, processes)))
             asyncio.run(gateway_main.run(settings))
         elif args.command == "worker":
             _check_agent(settings)

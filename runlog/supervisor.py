@@ -1,4 +1,5 @@
-"""Supervision of `runlog up`'s worker and gateway processes.
+"""Supervision of child processes: `runlog up`'s workers and gateways, and
+the processes of `runlog gateway --processes N` (runlog/group.py).
 
 Contract:
 
@@ -12,7 +13,8 @@ Contract:
   up 10 s), and one line says which child, how it ended, after how long, and its
   new pid. A child in a crash loop thus costs one start per 10 s, not a busy CPU.
 - `stop()` runs once: no more restarts; every child gets SIGTERM (its drain) at
-  the same time, SIGKILL after `stop_timeout_s`; it returns when all are gone.
+  the same time, SIGKILL after `stop_timeout_s`; it returns when all are gone,
+  with each child's last exit code (0: it drained and exited cleanly).
 - Children die with us. Each is spawned with `PR_SET_PDEATHSIG` =
   SIGKILL (`broker.embedded.die_with_parent`, Linux): if `runlog up` is
   SIGKILLed, the kernel kills its workers and gateways, so none lives on
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import signal
@@ -38,6 +41,7 @@ from typing import Any
 import aiohttp
 
 from broker.embedded import die_with_parent
+from broker.settings import Settings
 
 log = logging.getLogger("runlog.up")
 
@@ -138,9 +142,11 @@ class Supervisor:
         *,
         stop_timeout_s: float = 30.0,
         say: Callable[[str], None] = lambda line: print(line, flush=True),
+        who: str = "runlog up",
     ) -> None:
         self._stop_timeout_s = stop_timeout_s
         self._say = say
+        self._who = who  # how its lines begin
         self._state = _State.STARTING
         self._stopping = asyncio.Event()
         self._children: list[_Child] = []
@@ -183,13 +189,15 @@ class Supervisor:
         if self._state is _State.STARTING:
             self._state = _State.RUNNING
 
-    async def stop(self) -> None:
-        """Stop every child (SIGTERM, then SIGKILL after the bound); runs once."""
+    async def stop(self) -> dict[str, int | None]:
+        """Stop every child (SIGTERM, then SIGKILL after the bound); runs once.
+        Each child's last exit code (None: it never started)."""
         if self._state in (_State.STARTING, _State.RUNNING):
             self._state = _State.STOPPING
             self._stopping.set()
         await asyncio.gather(*self._watchers, return_exceptions=True)
         self._state = _State.STOPPED
+        return {c.spec.name: c.proc.returncode if c.proc else None for c in self._children}
 
     async def _watch(self, child: _Child) -> None:
         """One owner per child: restarts it, and terminates it on stop()."""
@@ -213,10 +221,10 @@ class Supervisor:
                     await child.spawn()
                     break
                 except OSError as e:  # fork or exec failed: try again, later
-                    self._say(f"runlog up: could not restart {child.spec.name}: {e}")
+                    self._say(f"{self._who}: could not restart {child.spec.name}: {e}")
                     up_s = 0.0
             self._say(
-                f"runlog up: {child.spec.name} (pid {old_pid}, {child.spec.port}) exited"
+                f"{self._who}: {child.spec.name} (pid {old_pid}, {child.spec.port}) exited"
                 f" ({describe_exit(rc)}) after {uptime:.1f} s;"
                 f" restarted after {delay:.1f} s as pid {child.pid}"
             )
@@ -256,3 +264,11 @@ async def _answers_200(http: aiohttp.ClientSession, url: str) -> bool:
             return r.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The settings as RUNLOG_* variables, so child processes see the same ones."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        out["RUNLOG_" + f.name.upper()] = str(getattr(settings, f.name))
+    return out

@@ -3,9 +3,12 @@
 Starts a real nats-server (JetStream, file store) and a real PostgreSQL under
 the data folder, unless RUNLOG_NATS_URL / RUNLOG_DATABASE_URL point at
 external ones; applies migrations; creates the JetStream streams; then runs
-`--workers N` worker processes and `--gateways M` gateway processes (gateway
-k listens on gateway_port + k: consecutive ports, so each can be reached,
-killed and drained on its own). Every worker serves /metrics: worker k on
+`--workers N` worker processes and `--gateways M` gateways (gateway k
+listens on gateway_port + k: consecutive ports, so each can be reached,
+killed and drained on its own). With `--gateway-processes P` each gateway is
+P processes sharing its port (SO_REUSEPORT, runlog/group.py), each
+supervised here and serving its own /metrics and /readyz (gateway 1's on
+gateway_metrics_port + k, gateway 2's from + P, ...; free ports when it is 0). Every worker serves /metrics: worker k on
 worker_metrics_port + k, or, when that is 0 (the default), on a free port
 picked here. It prints every URL, each process's pid and port, and a console
 link that signs you in with a short-lived development token.
@@ -39,9 +42,9 @@ from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, free_port, p
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import secret
+from . import group, secret
 from .cli import install_stop_signals
-from .supervisor import ChildSpec, StartFailed, Supervisor
+from .supervisor import ChildSpec, StartFailed, Supervisor, settings_env
 
 log = logging.getLogger("runlog.up")
 
@@ -51,6 +54,7 @@ _LINK_TTL_S = 12 * 3600.0  # the console link's token (at most jwt_max_ttl_s)
 
 
 async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> None:
+    group.check(settings, settings.gateway_processes)
     check_ports(settings, workers=workers, gateways=gateways)
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -79,7 +83,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         broker = await Broker.connect(settings, name="runlog-up")
         await broker.close()
 
-        env = {**os.environ, **_env(settings)}
+        env = {**os.environ, **settings_env(settings)}
         host = settings.gateway_host
         worker_ports = _worker_metrics_ports(settings, workers)
         for i, port in enumerate(worker_ports):
@@ -100,22 +104,24 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         )
         # ...and lists them all: the console may use only listed gateways.
         listed = ",".join(u for u in [*urls, settings.gateway_urls] if u)
+        shared = _gateway_metrics_ports(settings, gateways)
         for i, url in enumerate(urls):
             port = settings.gateway_port + i
-            await supervisor.start(
-                ChildSpec(
-                    name=f"gateway {i + 1}",
-                    args=["gateway"],
-                    env={
-                        **env,
-                        "RUNLOG_GATEWAY_PORT": str(port),
-                        "RUNLOG_ALLOWED_ORIGINS": origins,
-                        "RUNLOG_GATEWAY_URLS": listed,
-                    },
-                    port=f"port {port}",
-                    ready_url=url + "/readyz",
-                )
-            )
+            gw_env = {
+                **env,
+                "RUNLOG_GATEWAY_PORT": str(port),
+                "RUNLOG_ALLOWED_ORIGINS": origins,
+                "RUNLOG_GATEWAY_URLS": listed,
+                "RUNLOG_GATEWAY_PROCESSES": "1",  # this supervisor runs each process itself
+            }
+            if shared is None:
+                spec = ChildSpec(name=f"gateway {i + 1}", args=["gateway"], env=gw_env,
+                                 port=f"port {port}", ready_url=url + "/readyz")  # fmt: skip
+                await supervisor.start(spec)
+                continue
+            for spec in group.specs(settings, gw_env, port=port, metrics=shared[i],
+                                    prefix=f"gateway {i + 1}."):  # fmt: skip
+                await supervisor.start(spec)
         try:
             await supervisor.wait_up(_READY_S)
         except StartFailed as e:
@@ -129,10 +135,17 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         _say("runlog is up")
         _say(_row("console", f"{urls[0]}/#token={token}{failover}"))
         for i, u in enumerate(urls):
-            pid = supervisor.pid(f"gateway {i + 1}")
             ws = u.replace("http", "ws", 1)
-            _say(_row(f"gateway {i + 1}", f"{u}  pid {pid}  (REST {u}/v1, WebSocket {ws}/v1/ws,"
-                                          f" metrics {u}/metrics)"))  # fmt: skip
+            if shared is None:
+                pid = supervisor.pid(f"gateway {i + 1}")
+                _say(_row(f"gateway {i + 1}", f"{u}  pid {pid}  (REST {u}/v1, WebSocket {ws}/v1/ws,"
+                                              f" metrics {u}/metrics)"))  # fmt: skip
+                continue
+            _say(_row(f"gateway {i + 1}", f"{u}  {len(shared[i])} processes  (REST {u}/v1,"
+                                          f" WebSocket {ws}/v1/ws)"))  # fmt: skip
+            for k, m in enumerate(shared[i]):
+                name = f"gateway {i + 1}.{k + 1}"
+                _say(_row(name, f"pid {supervisor.pid(name)}  metrics http://{host}:{m}/metrics"))
         for i, port in enumerate(worker_ports):
             pid = supervisor.pid(f"worker {i + 1}")
             _say(_row(f"worker {i + 1}", f"pid {pid}  metrics http://{host}:{port}/metrics"))
@@ -165,6 +178,11 @@ def check_ports(settings: Settings, *, workers: int, gateways: int) -> None:
     host = settings.gateway_host
     for i in range(gateways):
         wanted.append((host, settings.gateway_port + i, f"gateway {i + 1}", "gateway_port"))
+    if settings.gateway_metrics_port:
+        n = settings.gateway_processes
+        for i in range(gateways * n):
+            what = f"gateway {i // n + 1}.{i % n + 1} metrics"
+            wanted.append((host, settings.gateway_metrics_port + i, what, "gateway_metrics_port"))
     if settings.worker_metrics_port:
         for i in range(workers):
             port = settings.worker_metrics_port + i
@@ -176,6 +194,15 @@ def check_ports(settings: Settings, *, workers: int, gateways: int) -> None:
         taken[port] = what
         if not port_is_free(port, host):
             raise errors.PortInUse(port, what, setting)
+
+
+def _gateway_metrics_ports(settings: Settings, gateways: int) -> list[list[int]] | None:
+    """The own ports of gateway i's processes (gateway_metrics_port + i*N + k),
+    or None when each gateway is one process without one (its port serves all)."""
+    n = settings.gateway_processes
+    if n == 1 and not settings.gateway_metrics_port:
+        return None
+    return [group.metrics_ports(settings, n, first=i * n) for i in range(gateways)]
 
 
 def _worker_metrics_ports(settings: Settings, workers: int) -> list[int]:
@@ -205,12 +232,4 @@ def _localhost_aliases(urls: list[str]) -> list[str]:
             out.append(u.replace("://127.0.0.1:", "://localhost:"))
         elif "://localhost:" in u:
             out.append(u.replace("://localhost:", "://127.0.0.1:"))
-    return out
-
-
-def _env(settings: Settings) -> dict[str, str]:
-    """The settings as RUNLOG_* variables, so child processes see the same ones."""
-    out = {}
-    for f in dataclasses.fields(settings):
-        out["RUNLOG_" + f.name.upper()] = str(getattr(settings, f.name))
     return out

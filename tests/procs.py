@@ -73,6 +73,12 @@ class RunlogProcess:
                 self.proc.kill()
                 await self.proc.wait()
 
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def log_tail(self) -> str:
         try:
             return self.log_path.read_text()[-3000:]
