@@ -15,14 +15,17 @@ machine), kept at full precision:
 Figures: commit → receive (what the guarantee "durable before visible" costs
 a watcher on top of the commit), append → receive (what a watcher sees from
 the model's token to the screen: commit batching included), append → commit.
-Events appended in the first --warmup-s are left out.
+Events appended in the first --warmup-s are left out. CPU: psutil user+sys
+of the gateway process (and of the raw server) over the streaming phase,
+per event frame the clients received ("µs/delivery").
 
 Raw reference, same run, same servers: a raw relay. The raw aiohttp server
 holds a core-NATS subscription; this process publishes one frame per event
 (same rate, same spread over 100 topics) with core NATS, the raw server
 sends each to its topic's connections (`await ws.send_str(frame)`), the same
 client process reads them. publish → receive is the floor of the product's
-commit → receive path (JetStream publish, NATS, gateway, socket).
+commit → receive path (JetStream publish, NATS, gateway, socket), and
+its CPU per delivery the floor of the gateway's.
 """
 
 from __future__ import annotations
