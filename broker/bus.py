@@ -21,13 +21,12 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
+from . import _nats, control, errors
 from . import constants as C
-from . import control, errors
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def decode_batch(data: bytes) -> LiveBatch:
 
 
 class Bus:
-    def __init__(self, nc: NatsClient, settings: Settings) -> None:
+    def __init__(self, nc: _nats.Client, settings: Settings) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
@@ -73,12 +72,13 @@ class Bus:
         async def _error_cb(e: Exception) -> None:
             log.warning("nats: %s", e)
 
+        nc = _nats.Client()  # live-feed subscriptions without a task per message
         try:
-            nc = await nats.connect(
+            await nc.connect(
                 servers=url.split(","),
                 name=name,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
+                reconnect_time_wait=0.25,  # type: ignore[arg-type]  # seconds; annotated int
                 connect_timeout=5,
                 error_cb=_error_cb,
                 # Keep publishes buffered while reconnecting; the publisher
@@ -221,21 +221,20 @@ class Bus:
         return await self.nc.subscribe(C.notice_subject(session_id), cb=on_msg)
 
     async def subscribe_live(
-        self, subject: str, callback: Callable[[LiveBatch], Awaitable[None] | None]
+        self, subject: str, callback: Callable[[LiveBatch], None]
     ) -> Subscription:
         """A core-NATS subscription on live-feed subjects (no JetStream consumer:
-        gaps are filled from PostgreSQL, so the cheap path is enough)."""
+        gaps are filled from PostgreSQL, so the cheap path is enough). Each
+        batch goes to `callback` straight from the connection's reader, in
+        order, with no task or queue in between (broker/_nats.py): it must
+        not block."""
 
-        async def on_msg(msg: Msg) -> None:
+        def on_data(data: bytes) -> None:
             try:
-                batch = decode_batch(msg.data)
+                batch = decode_batch(data)
             except msgspec.DecodeError:
-                log.error("undecodable live-feed message on %s", msg.subject)
+                log.error("undecodable live-feed message on %s", subject)
                 return
-            result = callback(batch)
-            if result is not None:
-                await result
+            callback(batch)
 
-        # Default pending limits: a subscriber that falls that far behind loses
-        # messages (nats-py reports a slow consumer) and refills from PostgreSQL.
-        return await self.nc.subscribe(subject, cb=on_msg)
+        return await self.nc.subscribe_direct(subject, on_data)

@@ -13,6 +13,14 @@ Contract of `Subscription` (an async iterator of event lists):
   live message never came (NATS down, message dropped) still arrives.
 - A run subscription ends after delivering `run_end`; a session one never ends.
 
+`follow(sink)` hands the same lists, in the same order, to a callback
+instead: a live batch that continues exactly where the stream is while
+nothing else is in progress goes to the sink from the NATS reader itself
+(no queue, no task switch: the gateway's path at a model's pace, where
+nearly every live message carries one or two events); everything else
+(history, holes, position checks, batches that arrive meanwhile) takes the
+iterator's path, in order after what was handed over already.
+
 Since an event is published only after commit, every event yielded is one a
 later replay returns (no phantom events).
 """
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
+from collections.abc import Callable
 
 from nats.aio.subscription import Subscription as NatsSubscription
 
@@ -32,6 +42,10 @@ from .settings import Settings
 from .store import Store, StoredEvent
 
 log = logging.getLogger(__name__)
+
+
+# Takes (events, committed_ms): see Subscription.follow.
+Sink = Callable[[list[StoredEvent], float], None]
 
 
 def batch_items(batch: LiveBatch) -> list[StoredEvent]:
@@ -71,9 +85,17 @@ class Subscription:
         self.committed_ms = 0.0
         self._replaying = True
         # Live batches not read yet, bounded by the events they hold (below).
-        self._queue: asyncio.Queue[LiveBatch] = asyncio.Queue()
+        self._queue: deque[LiveBatch] = deque()
         self._queued_events = 0
         self._overflowed = False
+        # While the reader waits for the live feed: the future that wakes it
+        # (True: something to do; False: quiet for position_check_s), and
+        # when the feed last delivered (loop time).
+        self._waiter: asyncio.Future[bool] | None = None
+        self._quiet: asyncio.TimerHandle | None = None
+        self._last_live = 0.0
+        self._sink: Sink | None = None  # set by follow()
+        self._sink_error: Exception | None = None
         self._nats_sub: NatsSubscription | None = None
         self._by_run = run_id is not None
         self._ident = run_id if run_id is not None else session_id or ""
@@ -124,6 +146,9 @@ class Subscription:
 
     async def __anext__(self) -> list[StoredEvent]:
         while True:
+            if self._sink_error is not None:
+                e, self._sink_error = self._sink_error, None
+                raise e
             if self.ended:
                 raise StopAsyncIteration
             if self._replaying:
@@ -134,17 +159,9 @@ class Subscription:
                 if page:
                     return self._deliver(page)
                 continue
-            try:
-                # get_nowait first: wait_for makes a task per call, which a
-                # busy subscription would pay on every batch.
-                if self._queue.empty():
-                    batch = await asyncio.wait_for(
-                        self._queue.get(), timeout=self.settings.position_check_s
-                    )
-                else:
-                    batch = self._queue.get_nowait()
-                self._queued_events -= len(batch.events)
-            except TimeoutError:
+            if not self._queue:
+                if await self._wait_live():
+                    continue  # queued, or handed to the sink (which may have ended it)
                 self.committed_ms = 0.0
                 page = await self._check_position()
                 if page:
@@ -152,6 +169,8 @@ class Subscription:
                 if self.ended:
                     raise StopAsyncIteration from None
                 continue
+            batch = self._queue.popleft()
+            self._queued_events -= len(batch.events)
             items = self._fresh(batch_items(batch))
             if not items:
                 continue
@@ -165,7 +184,67 @@ class Subscription:
                 continue  # not visible yet on this connection: wait for more
             return self._deliver(items)
 
+    async def follow(self, sink: Sink) -> None:
+        """Hand every event to `sink(items, committed_ms)` until the stream
+        ends: the lists iterating would yield, in the same order, with the
+        commit time (ms, wall clock) of a live one, 0 for one read from
+        PostgreSQL. `sink` must not block or await (it may be called from
+        the NATS reader); an exception from it ends `follow` with it."""
+        self._sink = sink
+        try:
+            async for items in self:
+                sink(items, self.committed_ms)
+        finally:
+            self._sink = None
+
+    async def _wait_live(self) -> bool:
+        """Wait for the live feed: True when a batch was queued or handed to
+        the sink, False when it was quiet for `position_check_s`. One timer
+        per quiet period, not per batch: a sink may take many meanwhile."""
+        loop = asyncio.get_running_loop()
+        self._waiter = fut = loop.create_future()
+        self._last_live = loop.time()
+        self._quiet = loop.call_at(self._last_live + self.settings.position_check_s,
+                                   self._quiet_check, fut)  # fmt: skip
+        try:
+            return await fut
+        finally:
+            self._waiter = None
+            if self._quiet is not None:
+                self._quiet.cancel()
+                self._quiet = None
+
+    def _quiet_check(self, fut: asyncio.Future[bool]) -> None:
+        if fut.done():
+            return
+        loop = asyncio.get_running_loop()
+        due = self._last_live + self.settings.position_check_s
+        if due > loop.time():
+            self._quiet = loop.call_at(due, self._quiet_check, fut)
+        else:
+            fut.set_result(False)
+
     def _on_live(self, batch: LiveBatch) -> None:
+        waiter = self._waiter
+        if (
+            waiter is not None
+            and self._sink is not None
+            and not waiter.done()
+            and (batch.seq if self._by_run else batch.cursor) == self.position + 1
+        ):
+            # The reader waits with nothing queued and this continues the
+            # stream: hand it over now, from here.
+            items = self._deliver(batch_items(batch))
+            self._last_live = asyncio.get_running_loop().time()
+            try:
+                self._sink(items, batch.committed_ms)
+            except Exception as e:
+                self._sink_error = e
+                waiter.set_result(True)
+                return
+            if self.ended:
+                waiter.set_result(True)
+            return
         n = len(batch.events)
         if self._queued_events and self._queued_events + n > self.settings.live_buffer_max:
             # Drop it; the next batch or the position check reveals the hole.
@@ -173,7 +252,9 @@ class Subscription:
             self._overflowed = True
             return
         self._queued_events += n
-        self._queue.put_nowait(batch)
+        self._queue.append(batch)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
 
     def _key(self, e: StoredEvent) -> int:
         return e.seq if self._by_run else e.cursor

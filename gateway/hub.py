@@ -227,18 +227,7 @@ class Topic:
     async def _run(self) -> None:
         assert self._sub is not None
         try:
-            metrics = self.hub.metrics
-            latency = metrics.commit_to_send_seconds
-            fanned = metrics.events_fanned_out
-            async for items in self._sub:
-                n = 0
-                for batch in contiguous(self.key, items, self.by_run):
-                    for m in list(self.members):
-                        n += m.offer(batch)
-                if n:
-                    fanned.inc(n)
-                if self._sub.committed_ms and self.members:
-                    latency.observe(max(0.0, time.time() - self._sub.committed_ms / 1000))
+            await self._sub.follow(self._fan_out)
             self.ended = True
         except asyncio.CancelledError:
             pass
@@ -256,6 +245,20 @@ class Topic:
             self.closed = True
             self.hub._forget(self)
             await self._sub.close()
+
+    def _fan_out(self, items: list[StoredEvent], committed_ms: float) -> None:
+        """Offer events to every member (never awaits: it may run in the NATS
+        reader, see Subscription.follow)."""
+        n = 0
+        members = self.members
+        for batch in contiguous(self.key, items, self.by_run):
+            for m in list(members):  # a copy: an offer may end a connection, which leaves
+                n += m.offer(batch)
+        metrics = self.hub.metrics
+        if n:
+            metrics.events_fanned_out.inc(n)
+        if committed_ms and members:
+            metrics.commit_to_send_seconds.observe(max(0.0, time.time() - committed_ms / 1000))
 
     def add(self, member: Member) -> None:
         if self._linger is not None:

@@ -1,0 +1,77 @@
+"""The one place that touches nats-py beyond its public API, and what it relies on.
+
+nats-py hands each message of a subscription with a callback to a task of
+that subscription, through an `asyncio.Queue`: a task switch, a future and
+a queue hand-off per message, and its headers parsed into a dict first. The
+live feed does not need any of that: its handler only decodes the payload
+and offers it to buffers that never wait (broker/subscribe.py), and it reads
+no header (the `Nats-Msg-Id` is for JetStream's dedupe). So `Client` calls a
+*direct* subscription's handler with the payload where nats-py's protocol
+parser hands the message over (`Client._process_msg`, awaited by
+`Parser.parse` for every MSG/HMSG): no task, no queue, no header parsing,
+and in the order the server sent the messages.
+
+A direct subscription is an ordinary nats-py `Subscription` without a
+callback (so nats-py starts no task for it, and re-subscribes it after a
+reconnect like any other), whose id is registered here until nats-py
+removes it (`Client._remove_sub`: unsubscribe, drain). A handler must not
+block or await; an exception from it is logged and the message dropped (a
+live-feed reader fills what it missed from PostgreSQL), never raised into
+the reader, which would treat it as a protocol error and reconnect.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+
+from nats.aio.client import Client as _NatsClient
+from nats.aio.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+assert list(inspect.signature(_NatsClient._process_msg).parameters) == [
+    "self", "sid", "subject", "reply", "data", "headers"
+], "nats-py changed Client._process_msg"  # fmt: skip
+assert list(inspect.signature(_NatsClient._remove_sub).parameters) == [
+    "self", "sid", "max_msgs"
+], "nats-py changed Client._remove_sub"  # fmt: skip
+
+
+class Client(_NatsClient):
+    """A nats-py client that can hand messages to direct subscriptions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert isinstance(self._subs, dict) and "in_msgs" in self.stats, "nats-py changed Client"
+        self._direct: dict[int, Callable[[bytes], None]] = {}
+
+    async def subscribe_direct(
+        self, subject: str, handler: Callable[[bytes], None]
+    ) -> Subscription:
+        """Subscribe `subject`; each message's payload goes to `handler(data)`
+        from the connection's reader, in order. Undo with `sub.unsubscribe()`."""
+        sub = await self.subscribe(subject)
+        assert isinstance(sub._id, int) and self._subs.get(sub._id) is sub, "nats-py changed"
+        self._direct[sub._id] = handler
+        return sub
+
+    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
+        # nats-py's one way out for a subscription (unsubscribe, drain).
+        self._direct.pop(sid, None)
+        super()._remove_sub(sid, max_msgs)
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        handler = self._direct.get(sid)
+        if handler is None:
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        try:
+            handler(data)
+        except Exception:
+            log.exception("live-feed handler failed on %s", subject.decode(errors="replace"))
