@@ -67,7 +67,9 @@ _URGENT_TYPES = frozenset(
 # trip, no BEGIN, no COMMIT (its reply is the commit's). In order:
 # - `r`, the fence: a run's slice is accepted only while the run's epoch and
 #   last seq are the writer's and it has not ended; the commit of a run_end
-#   sets the status, ends the run and clears its checkpoint.
+#   sets the status, ends the run and clears its checkpoint. (`= ANY` lets
+#   PostgreSQL fetch just these rows by key, whatever its statistics say: a
+#   join with the unnest alone was planned as a scan of every active run.)
 # - `locked`, then `s`: each session with an accepted slice takes its cursors
 #   under its row's lock, held until commit. The rows are locked in
 #   session_id order whatever plan PostgreSQL picks (the CTE is materialized
@@ -92,7 +94,8 @@ WITH u AS (
         ended_at = CASE WHEN u.end_status IS NULL THEN runs.ended_at ELSE now() END,
         checkpoint = CASE WHEN u.end_status IS NULL THEN runs.checkpoint END
     FROM u
-    WHERE runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
+    WHERE runs.run_id = ANY($1::text[])
+        AND runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
         AND runs.last_seq = u.base AND runs.ended_at IS NULL
     RETURNING runs.run_id, runs.session_id, u.base, u.n, u.off, u.ord
 ), per_session AS (
