@@ -13,14 +13,16 @@ Contract:
   all runs and all writers. Cursors are taken under the session row's lock,
   which is held until commit, so cursors commit in order: once cursor N is
   visible, every cursor below N is too. The same holds for seq per run.
-- One transaction per flush, across runs: either every accepted run's slice
-  of the batch is committed or none is. After an ambiguous failure
-  (connection lost at COMMIT) the batch is simply retried: a slice the lost
-  attempt committed is refused by the retry's fence, and every refused slice
-  is looked up (`runs.last_seq, owner_epoch` = its last seq and epoch) in the
-  same transaction, after the fence waited out the lost attempt's row locks.
-  So the writer learns it committed, not that it was fenced; nothing is
-  written twice or lost.
+- One transaction per flush, across runs: one statement (`_APPEND`) in its
+  own implicit transaction, so either every accepted run's slice of the batch
+  is committed or none is. Commits start at most once per
+  `flush_interval_ms` unless a batch is full or urgent. After an ambiguous
+  failure (connection lost before the statement's reply) the batch is simply
+  retried: a slice the lost attempt committed is refused by the retry's
+  fence, and every refused slice is looked up (`runs.last_seq, owner_epoch`
+  = its last seq and epoch) by a later statement, after the fence waited out
+  the lost attempt's row locks. So the writer learns it committed, not that
+  it was fenced; nothing is written twice or lost.
 - A PostgreSQL outage is ridden out: the batch's commit is retried for up
   to `storage_outage_grace_s` (nobody else can write meanwhile, and the
   fence decides once PostgreSQL is back), and appends go on into the pending
