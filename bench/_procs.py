@@ -178,6 +178,19 @@ finally:
     prof.dump_stats(sys.argv[1])
 """
 
+# `runlog worker` likewise; its argv after the stats file is the worker's.
+_PROFILED_WORKER = """
+import cProfile, sys, time
+from runlog import cli
+prof = cProfile.Profile(time.process_time)
+prof.enable()
+try:
+    cli.main(["worker", *sys.argv[2:]])
+finally:
+    prof.disable()
+    prof.dump_stats(sys.argv[1])
+"""
+
 # BENCH_GATEWAY_PRELOAD=file.py: run that file in the gateway process before
 # it starts. For A/B experiments with a patched gateway (a suggested change
 # tried without touching gateway/); never set by the scenarios themselves.
@@ -332,16 +345,28 @@ async def _answers_200(http: aiohttp.ClientSession, url: str) -> bool:
 
 
 class WorkerProc(_Child):
+    """`profiled(path)`: run the worker under cProfile (CPU time), stats
+    written to that file when it stops."""
+
     def __init__(self, st: Stack, concurrency: int, **settings: object) -> None:
         super().__init__("worker")
         self.concurrency = concurrency
+        self.profile: Path | None = None
         self.env = child_env(st, **settings)
 
+    def profiled(self, profile: Path | None) -> WorkerProc:
+        self.profile = profile
+        return self
+
     async def start(self, timeout_s: float = 60.0) -> WorkerProc:
+        args = ["--concurrency", str(self.concurrency)]
+        if self.profile:
+            argv = ["-c", _PROFILED_WORKER, str(self.profile), *args]
+        else:
+            argv = ["-m", "runlog.cli", "worker", *args]
         with self.log_path.open("wb") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "runlog.cli", "worker", "--concurrency",
-                str(self.concurrency), cwd=REPO, env=self.env, stdout=log,
+                sys.executable, *argv, cwd=REPO, env=self.env, stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s

@@ -200,7 +200,7 @@ async def _append_trial(
 
         feed = _Feed(args.events_per_run, args.burst, args.sample_every, args.rate_per_run)
         n_events = args.runs * args.events_per_run
-        profiler = cProfile.Profile() if profile_path is not None else None
+        profiler = cProfile.Profile(time.process_time) if profile_path is not None else None
         timer = Timer(meter)
         timer.start()
         feed.t0 = time.perf_counter()

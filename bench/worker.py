@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -64,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-s", type=float, default=10.0, help="measured window (default: 10)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: stop,start,load")
     p.add_argument("--no-raw", action="store_true", help="skip the raw measurements")
+    p.add_argument("--profile-worker", type=Path, default=None, metavar="FILE",
+                   help="run the scripted worker (parts 2 and 3) under cProfile (CPU time); "
+                        "stats written to FILE when it stops; its figures are then inflated")  # fmt: skip
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,7 +240,7 @@ async def _scripted_parts(
     wk = await WorkerProc(
         st, concurrency=max(args.runs, 8), model_adapter="scripted",
         scripted_tokens_per_s=args.tokens_per_s,
-    ).start()  # fmt: skip
+    ).profiled(args.profile_worker).start()  # fmt: skip
     gw = await GatewayProc(st, None, **NO_CONNECTION_CAPS).start() if "start" not in skip else None
     meter.add("worker", wk.pid)
     try:

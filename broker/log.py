@@ -13,14 +13,16 @@ Contract:
   all runs and all writers. Cursors are taken under the session row's lock,
   which is held until commit, so cursors commit in order: once cursor N is
   visible, every cursor below N is too. The same holds for seq per run.
-- One transaction per flush, across runs: either every accepted run's slice
-  of the batch is committed or none is. After an ambiguous failure
-  (connection lost at COMMIT) the batch is simply retried: a slice the lost
-  attempt committed is refused by the retry's fence, and every refused slice
-  is looked up (`runs.last_seq, owner_epoch` = its last seq and epoch) in the
-  same transaction, after the fence waited out the lost attempt's row locks.
-  So the writer learns it committed, not that it was fenced; nothing is
-  written twice or lost.
+- One transaction per flush, across runs: one statement (`_APPEND`) in its
+  own implicit transaction, so either every accepted run's slice of the batch
+  is committed or none is. Commits start at most once per
+  `flush_interval_ms` unless a batch is full or urgent. After an ambiguous
+  failure (connection lost before the statement's reply) the batch is simply
+  retried: a slice the lost attempt committed is refused by the retry's
+  fence, and every refused slice is looked up (`runs.last_seq, owner_epoch`
+  = its last seq and epoch) by a later statement, after the fence waited out
+  the lost attempt's row locks. So the writer learns it committed, not that
+  it was fenced; nothing is written twice or lost.
 - A PostgreSQL outage is ridden out: the batch's commit is retried for up
   to `storage_outage_grace_s` (nobody else can write meanwhile, and the
   fence decides once PostgreSQL is back), and appends go on into the pending
@@ -63,37 +65,64 @@ _URGENT_TYPES = frozenset(
     {"run_start", "approval_required", "approval_decided", "interrupt_requested", "run_end"}
 )
 
-_EVENT_COLUMNS = ("run_id", "seq", "session_id", "cursor", "ts", "type", "payload")
-
-_UPDATE_RUNS = """
-UPDATE runs SET
-    last_seq = u.base + u.n,
-    status = COALESCE(u.end_status, runs.status),
-    ended_at = CASE WHEN u.end_status IS NULL THEN runs.ended_at ELSE now() END,
-    checkpoint = CASE WHEN u.end_status IS NULL THEN runs.checkpoint END
-FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::text[])
-    AS u(run_id, epoch, base, n, end_status)
-WHERE runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
-    AND runs.last_seq = u.base AND runs.ended_at IS NULL
-RETURNING runs.run_id
-"""
-
-# Session rows are locked in session_id order, whatever plan PostgreSQL picks
-# for the update (it visits rows in array order through the index for a few
-# sessions, in physical order with a scan for many), so concurrent appenders
-# never deadlock on them. The CTE is materialized and its rows are locked
-# after the sort, one by one; the update joins every row through it, so it
-# never reaches a row the CTE has not locked yet. One statement: one round
-# trip, as before.
-_UPDATE_SESSIONS = """
-WITH locked AS MATERIALIZED (
-    SELECT session_id FROM sessions WHERE session_id = ANY($1::text[])
-    ORDER BY session_id FOR NO KEY UPDATE
+# One flush is this one statement, in its own implicit transaction: one round
+# trip, no BEGIN, no COMMIT (its reply is the commit's). In order:
+# - `r`, the fence: a run's slice is accepted only while the run's epoch and
+#   last seq are the writer's and it has not ended; the commit of a run_end
+#   sets the status, ends the run and clears its checkpoint. (`= ANY` lets
+#   PostgreSQL fetch just these rows by key, whatever its statistics say: a
+#   join with the unnest alone was planned as a scan of every active run.)
+# - `locked`, then `s`: each session with an accepted slice takes its cursors
+#   under its row's lock, held until commit. The rows are locked in
+#   session_id order whatever plan PostgreSQL picks (the CTE is materialized
+#   and locks its rows one by one after the sort; the update joins every row
+#   through it, so it never reaches a row the CTE has not locked), so
+#   concurrent appenders never deadlock on them. `r` is read in full first
+#   (the aggregate), so run rows are always locked before session rows.
+# - `c`: each accepted slice's first cursor, slices of one session in array
+#   order; `i` writes the accepted slices' events with their seqs and cursors
+#   (the event arrays hold every slice, refused ones too, run after run: a
+#   slice's events start after `off` others).
+# A run's session always exists (runs.session_id references it, and deleting
+# a session deletes its runs), so an accepted slice always gets its cursors.
+_APPEND = """
+WITH u AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::int[], $5::text[], $6::int[])
+        WITH ORDINALITY AS u(run_id, epoch, base, n, end_status, off, ord)
+), r AS (
+    UPDATE runs SET
+        last_seq = u.base + u.n,
+        status = COALESCE(u.end_status, runs.status),
+        ended_at = CASE WHEN u.end_status IS NULL THEN runs.ended_at ELSE now() END,
+        checkpoint = CASE WHEN u.end_status IS NULL THEN runs.checkpoint END
+    FROM u
+    WHERE runs.run_id = ANY($1::text[])
+        AND runs.run_id = u.run_id AND runs.owner_epoch = u.epoch
+        AND runs.last_seq = u.base AND runs.ended_at IS NULL
+    RETURNING runs.run_id, runs.session_id, u.base, u.n, u.off, u.ord
+), per_session AS (
+    SELECT session_id, sum(n)::bigint AS n FROM r GROUP BY session_id
+), locked AS MATERIALIZED (
+    SELECT sessions.session_id FROM sessions JOIN per_session USING (session_id)
+    ORDER BY sessions.session_id FOR NO KEY UPDATE OF sessions
+), s AS (
+    UPDATE sessions SET last_cursor = sessions.last_cursor + p.n
+    FROM locked JOIN per_session AS p USING (session_id)
+    WHERE sessions.session_id = locked.session_id
+    RETURNING sessions.session_id, sessions.last_cursor - p.n AS before
+), c AS (
+    SELECT r.run_id, r.session_id, r.base, r.n, r.off,
+        s.before + 1 - r.n
+            + sum(r.n) OVER (PARTITION BY r.session_id ORDER BY r.ord) AS first_cursor
+    FROM r JOIN s USING (session_id)
+), i AS (
+    INSERT INTO events (run_id, seq, session_id, cursor, ts, type, payload)
+    SELECT c.run_id, c.base + k, c.session_id, c.first_cursor + k - 1, e.ts, e.type, e.payload
+    FROM c CROSS JOIN LATERAL generate_series(1, c.n) AS k
+    JOIN unnest($7::bigint[], $8::text[], $9::bytea[]) WITH ORDINALITY AS e(ts, type, payload, i)
+        ON e.i = c.off + k
 )
-UPDATE sessions SET last_cursor = sessions.last_cursor + u.n
-FROM locked JOIN unnest($1::text[], $2::bigint[]) AS u(session_id, n) USING (session_id)
-WHERE sessions.session_id = locked.session_id
-RETURNING sessions.session_id, sessions.last_cursor - u.n
+SELECT run_id, first_cursor FROM c
 """
 
 
@@ -241,6 +270,7 @@ class Appender:
         self._published_idle.set()
         self._closing = False
         self._urgent = False
+        self._napping: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def now_ms(self) -> int:
@@ -259,6 +289,7 @@ class Appender:
         """Commit what is pending, publish what committed (bounded), stop."""
         self._closing = True
         self._wake.set()
+        self._end_nap()
         try:
             async with asyncio.timeout(timeout_s):
                 await self._idle.wait()
@@ -285,34 +316,43 @@ class Appender:
     def enqueue(self, entry: _Entry) -> None:
         if self._closing:
             raise errors.StorageError("this process is shutting down; append refused")
-        if entry.type in _URGENT_TYPES:
-            self._urgent = True
         self._pending.append(entry)
         self._idle.clear()
         self._wake.set()
+        if entry.type in _URGENT_TYPES:
+            self._urgent = True
+            self._end_nap()
+        elif len(self._pending) == self.settings.flush_max_events:
+            self._end_nap()
 
     # -- flush
 
     async def _flush_loop(self) -> None:
         s = self.settings
+        interval_s = s.flush_interval_ms / 1000
+        last_start = -interval_s
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._pending:
-                continue
-            # Linger briefly when a batch starts from idle, so events produced
-            # together commit together; under load, commits run back to back
-            # and the batch forms while the previous one commits. Events that
-            # people wait on (a run starting, an approval, the end) skip it.
-            if len(self._pending) < s.flush_max_events and not self._closing and not self._urgent:
-                await asyncio.sleep(s.flush_interval_ms / 1000)
-            self._urgent = False
             while self._pending:
+                # At most one commit per interval: a commit's cost is per
+                # transaction (a round trip, a WAL flush), and at a model's
+                # pace each carries a few events of many runs. An event waits
+                # at most the interval (or the commit in flight); after idle,
+                # what is pending commits at once. Full batches, events that
+                # people wait on (a run starting, an approval, the end) and a
+                # close cut the wait short.
+                delay = last_start + interval_s - time.monotonic()
+                if delay > 0 and not self._flush_now():
+                    await self._nap(delay)
+                    continue
                 batch = self._pending[: s.flush_max_events]
                 del self._pending[: s.flush_max_events]
+                self._urgent = any(e.type in _URGENT_TYPES for e in self._pending)
                 self.metrics.pending_events.set(len(self._pending))
                 if len(self._pending) < s.max_pending_events:
                     self._space.set()
+                last_start = time.monotonic()
                 try:
                     await self._commit_batch(batch)
                 except Exception as e:  # a bug: fail the batch's writers, keep serving
@@ -321,6 +361,25 @@ class Appender:
                     for entry in batch:
                         entry.writer._fail(err)
             self._idle.set()
+
+    def _flush_now(self) -> bool:
+        return self._urgent or self._closing or len(self._pending) >= self.settings.flush_max_events
+
+    async def _nap(self, delay_s: float) -> None:
+        """Sleep `delay_s`, or less if `_end_nap` is called (a timer and a
+        future: no task per nap)."""
+        loop = asyncio.get_running_loop()
+        fut = self._napping = loop.create_future()
+        timer = loop.call_later(delay_s, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._napping = None
+
+    def _end_nap(self) -> None:
+        if self._napping is not None:
+            _resolve(self._napping)
 
     async def _commit_batch(self, batch: list[_Entry]) -> None:
         groups: dict[RunWriter, list[_Entry]] = {}
@@ -372,49 +431,47 @@ class Appender:
         self._after_commit(groups, accepted, batch)
 
     async def _commit(self, groups: dict[RunWriter, list[_Entry]]) -> dict[RunWriter, int]:
-        """One transaction. Returns each accepted writer's first cursor."""
+        """One statement, one transaction. Returns each accepted writer's first cursor."""
         writers = list(groups)
-        run_ids = [w.run_id for w in writers]
-        epochs = [w.epoch for w in writers]
-        bases = [groups[w][0].seq - 1 for w in writers]
-        counts = [len(groups[w]) for w in writers]
-        end_status = [
-            w._end_status if groups[w][-1].type in events.TERMINAL_TYPES else None for w in writers
-        ]
+        run_ids, epochs, bases, counts, end_status, offsets = [], [], [], [], [], []
+        e_ts: list[int] = []
+        e_types: list[str] = []
+        e_payloads: list[bytes] = []
+        for w in writers:
+            entries = groups[w]
+            run_ids.append(w.run_id)
+            epochs.append(w.epoch)
+            bases.append(entries[0].seq - 1)
+            counts.append(len(entries))
+            end_status.append(w._end_status if entries[-1].type in events.TERMINAL_TYPES else None)
+            offsets.append(len(e_ts))
+            for e in entries:
+                e_ts.append(e.ts)
+                e_types.append(e.type)
+                e_payloads.append(e.payload)
         t0 = time.monotonic()
-        async with self.store.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(_UPDATE_RUNS, run_ids, epochs, bases, counts, end_status)
-            ok = {r[0] for r in rows}
-            accepted: dict[RunWriter, int] = {}
-            if len(ok) < len(writers):
+        async with self.store.pool.acquire() as conn:
+            rows = await conn.fetch(
+                _APPEND,
+                run_ids,
+                epochs,
+                bases,
+                counts,
+                end_status,
+                offsets,
+                e_ts,
+                e_types,
+                e_payloads,
+            )
+            first = dict(rows)
+            accepted = {w: first[w.run_id] for w in writers if w.run_id in first}
+            if len(accepted) < len(writers):
                 # A refused slice is fenced, or was committed by an earlier
-                # attempt of this batch whose COMMIT's reply was lost. The
-                # UPDATE waited for that attempt's row locks if it was still
-                # in flight, so this statement sees its outcome.
-                refused = {w: groups[w] for w in writers if w.run_id not in ok}
+                # attempt of this batch whose reply was lost. The fence waited
+                # for that attempt's row locks if it was still in flight, so
+                # this later statement sees its outcome.
+                refused = {w: groups[w] for w in writers if w not in accepted}
                 accepted.update(await _slices_committed(conn, refused))
-            per_session: dict[str, int] = {}
-            for w in writers:
-                if w.run_id in ok:
-                    per_session[w.session_id] = per_session.get(w.session_id, 0) + len(groups[w])
-            if per_session:
-                sids = sorted(per_session)
-                srows = await conn.fetch(_UPDATE_SESSIONS, sids, [per_session[s] for s in sids])
-                next_cursor = {r[0]: r[1] + 1 for r in srows}
-                records = []
-                for w in writers:
-                    if w.run_id not in ok:
-                        continue
-                    sid = w.session_id
-                    if sid not in next_cursor:
-                        raise errors.SessionNotFound(f"no session {sid}")
-                    cursor = next_cursor[sid]
-                    accepted[w] = cursor
-                    for e in groups[w]:
-                        records.append((w.run_id, e.seq, sid, cursor, e.ts, e.type, e.payload))
-                        cursor += 1
-                    next_cursor[sid] = cursor
-                await conn.copy_records_to_table("events", records=records, columns=_EVENT_COLUMNS)
         self.metrics.commit_seconds.observe(time.monotonic() - t0)
         return accepted
 
@@ -528,6 +585,11 @@ class Appender:
             self.metrics.publish_lag_seconds.observe(now - it.t_commit)
         self.metrics.published_messages.inc(acked)
         return acked
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 async def _slices_committed(

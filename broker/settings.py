@@ -51,7 +51,9 @@ class Settings:
     )
     # -- append path
     flush_interval_ms: float = _opt(
-        2.0, "Longest an appended event waits for more events before its batch is committed (ms)."
+        2.0,
+        "Longest an appended event waits for more events before its batch is committed; "
+        "commits start at most this often unless a batch is full or urgent (ms).",
     )
     flush_max_events: int = _opt(
         4000, "Most events committed in one transaction (events); a full batch flushes at once."

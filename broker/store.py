@@ -186,6 +186,13 @@ _SESSION_PAGE = (
 )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A released connection is reused as it is. asyncpg's default reset
+    sends a query (advisory unlocks, CLOSE ALL, UNLISTEN, RESET ALL) at every
+    release, a round trip per use of the pool; runlog leaves no such session
+    state (an open transaction is still rolled back by asyncpg itself)."""
+
+
 class Store:
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
@@ -199,6 +206,7 @@ class Store:
                 min_size=1,
                 max_size=settings.db_pool_size,
                 command_timeout=60,
+                reset=_keep_session,
                 # A paused process must not hold its locks (the session's cursor
                 # row, a run's row) for as long as it sleeps: PostgreSQL ends
                 # the session, its transaction rolls back, the fence decides.

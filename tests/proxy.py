@@ -33,6 +33,7 @@ class CuttingProxy:
         self._forward = True
         self._hold_s = 0.0
         self.cuts = 0
+        self._holding = 0
         self._partitioned = False
         self._writers: set[asyncio.StreamWriter] = set()
         # What clients sent to the server since `record()` (None: not recording).
@@ -53,6 +54,11 @@ class CuttingProxy:
         self._marker = marker
         self._forward = forward
         self._hold_s = hold_s
+
+    @property
+    def busy(self) -> bool:
+        """A held chunk has not been forwarded and answered yet."""
+        return self._holding > 0
 
     def record(self) -> None:
         """Keep what clients send from now on in `recorded` (from empty)."""
@@ -103,15 +109,21 @@ class CuttingProxy:
                     cut.set()
                     if not self._forward:
                         return
-                    if self._hold_s > 0:
+                    if self._hold_s <= 0:
+                        sw.write(data)
+                        await sw.drain()
+                        return
+                    self._holding += 1
+                    try:
                         cw.close()
                         await asyncio.sleep(self._hold_s)
-                    sw.write(data)
-                    await sw.drain()
-                    if self._hold_s > 0:
+                        sw.write(data)
+                        await sw.drain()
                         with contextlib.suppress(TimeoutError):
                             async with asyncio.timeout(_HELD_REPLY_WAIT_S):
                                 await replied.wait()
+                    finally:
+                        self._holding -= 1
                     return
                 sw.write(data)
                 await sw.drain()

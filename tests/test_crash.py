@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import asyncpg
@@ -145,6 +145,55 @@ async def proxied_broker(settings: Settings) -> AsyncIterator[tuple[Broker, Cutt
         await proxy.stop()
 
 
+def token(i: int) -> bytes:
+    """Bytes that only the flush statement carrying `text(i)` sends."""
+    return f'"tok{i} "'.encode()
+
+
+@asynccontextmanager
+async def session_row_held(
+    settings: Settings, session_id: str
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """The session's row locked by a transaction of another connection until
+    the yielded function is called (or the block ends)."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("SELECT FROM sessions WHERE session_id = $1 FOR UPDATE", session_id)
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                await tx.rollback()
+
+        try:
+            yield release
+        finally:
+            await release()
+    finally:
+        await conn.close()
+
+
+async def waiting_appends(settings: Settings, n: int) -> bool:
+    """Whether `n` flush statements are waiting for a lock at the server."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE runs SET%'"
+        )
+    finally:
+        await conn.close()
+    return bool(waiting == n)
+
+
+async def proxy_idle(proxy: CuttingProxy) -> bool:
+    return not proxy.busy
+
+
 async def stored_seqs(b: Broker, run_id: str) -> list[int]:
     rows = await b.store.pool.fetch("SELECT seq FROM events WHERE run_id = $1 ORDER BY seq", run_id)
     return [r[0] for r in rows]
@@ -153,9 +202,9 @@ async def stored_seqs(b: Broker, run_id: str) -> list[int]:
 async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
     settings: Settings,
 ) -> None:
-    """The ambiguous case: COMMIT reached PostgreSQL but its reply never came
-    back. The appender must find out that the batch committed and not write
-    it again (nor lose it)."""
+    """The ambiguous case: a flush's statement reached PostgreSQL (which ran
+    and committed it) but its reply never came back. The appender must find
+    out that the batch committed and not write it again (nor lose it)."""
     async with proxied_broker(settings) as (b, proxy):
         _, run_id = await new_run(b.store)
         w = await b.claim(run_id, "w")
@@ -163,7 +212,7 @@ async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
             await w.append(text(i))
         await w.flush()
         for round_ in range(3):
-            proxy.arm(b"COMMIT")
+            proxy.arm(token(100 * (round_ + 1)))
             for i in range(50):
                 await w.append(text(100 * (round_ + 1) + i))
             await w.flush()
@@ -177,11 +226,11 @@ async def test_connection_cut_after_commit_is_sent_loses_and_doubles_nothing(
 async def test_commit_still_in_flight_when_cut_is_not_reported_as_fenced(
     settings: Settings,
 ) -> None:
-    """The connection breaks while COMMIT is still on its way (the server is,
-    say, waiting on fsync): the old transaction still holds its row locks
-    when the appender retries, so its first look finds nothing committed and
-    the retried UPDATE waits, then matches no row. The writers must learn
-    that their slices committed, not that they were fenced."""
+    """The connection breaks while the flush's statement is still running at
+    the server (here: waiting for the session's row, which another
+    connection holds): it keeps its runs' row locks when the appender
+    retries, so the retry's fence waits, then matches no row. The writers
+    must learn that their slices committed, not that they were fenced."""
     async with proxied_broker(settings) as (b, proxy):
         session_id = await b.store.create_session("alice")
         run_ids = [await b.store.create_run(session_id, "alice") for _ in range(2)]
@@ -191,12 +240,18 @@ async def test_commit_still_in_flight_when_cut_is_not_reported_as_fenced(
                 await w.append(text(i))
         for w in writers:
             assert await w.flush() == 10
-        proxy.arm(b"COMMIT", hold_s=1.0)
-        for w in writers:  # one batch, one transaction, both runs
-            for i in range(10, 60):
-                await w.append(text(i))
+        async with session_row_held(settings, session_id) as release:
+            proxy.arm(token(10))
+            for w in writers:  # one batch, one transaction, both runs
+                for i in range(10, 60):
+                    await w.append(text(i))
+            flushed = asyncio.gather(*(w.flush() for w in writers))
+            # The cut statement waits for the session's row, the retry for
+            # the run rows the cut one holds.
+            await wait_until(lambda: waiting_appends(settings, 2))
+            await release()
+            assert await flushed == [60, 60]
         for w in writers:
-            assert await w.flush() == 60
             assert w.error is None and w.committed_seq == 60
         assert proxy.cuts == 1
         for r in run_ids:
@@ -213,10 +268,33 @@ async def test_commit_still_in_flight_when_cut_is_not_reported_as_fenced(
             assert await w.flush() == 61
 
 
+async def test_a_cut_statement_arriving_after_its_retry_writes_nothing(
+    settings: Settings,
+) -> None:
+    """The connection breaks before the flush's statement reaches the server,
+    which gets it only a second later, after the appender's retry committed
+    the batch: the late copy's fence refuses it, nothing is written twice."""
+    async with proxied_broker(settings) as (b, proxy):
+        _, run_id = await new_run(b.store)
+        w = await b.claim(run_id, "w")
+        await w.append(text(0))
+        assert await w.flush() == 1
+        proxy.arm(token(1), hold_s=1.0)
+        for i in range(1, 21):
+            await w.append(text(i))
+        assert await w.flush() == 21
+        await wait_until(lambda: proxy_idle(proxy))  # the late copy was answered
+        assert proxy.cuts == 1
+        assert await stored_seqs(b, run_id) == list(range(1, 22))
+        assert sample(b.metrics, "runlog_append_fenced_total") == 0
+        await w.append(text(21))
+        assert await w.flush() == 22
+
+
 async def test_connection_cut_before_commit_is_retried_once(settings: Settings) -> None:
-    """The connection breaks before COMMIT is ever sent (here: the COPY of
-    the events is never delivered): the transaction rolls back, and the
-    retry commits the batch exactly once."""
+    """The connection breaks before the flush's statement is ever delivered:
+    nothing of it happened at the server, and the retry commits the batch
+    exactly once."""
     async with proxied_broker(settings) as (b, proxy):
         _, run_id = await new_run(b.store)
         w = await b.claim(run_id, "w")
@@ -224,7 +302,7 @@ async def test_connection_cut_before_commit_is_retried_once(settings: Settings) 
             await w.append(text(i))
         await w.flush()
         for round_ in range(3):
-            proxy.arm(b"FROM STDIN", forward=False)
+            proxy.arm(token(10 + 50 * round_), forward=False)
             for i in range(50):
                 await w.append(text(10 + 50 * round_ + i))
             assert await w.flush() == 10 + 50 * (round_ + 1)
@@ -240,9 +318,9 @@ async def test_connection_cut_before_commit_is_retried_once(settings: Settings) 
 
 
 async def test_fenced_writer_in_a_retried_batch_is_still_refused(settings: Settings) -> None:
-    """Recognizing committed slices after a lost COMMIT reply must not let a
-    fenced writer through: in the same cut batch, the healthy writer's slice
-    is accepted once and the fenced one is refused."""
+    """Recognizing committed slices after a lost reply must not let a fenced
+    writer through: in the same cut batch, the healthy writer's slice is
+    accepted once and the fenced one is refused."""
     async with proxied_broker(settings) as (b, proxy):
         session_id = await b.store.create_session("alice")
         healthy_run, fenced_run = [await b.store.create_run(session_id, "alice") for _ in range(2)]
@@ -252,13 +330,17 @@ async def test_fenced_writer_in_a_retried_batch_is_still_refused(settings: Setti
             await w.append(text(0))
             assert await w.flush() == 1
         await b.claim(fenced_run, "other")  # a takeover: `fenced` lost the run
-        proxy.arm(b"COMMIT", hold_s=1.0)
-        for i in range(1, 21):
-            await healthy.append(text(i))
-            await fenced.append(text(i))
-        assert await healthy.flush() == 21
-        with pytest.raises(errors.StaleEpoch):
-            await fenced.flush()
+        async with session_row_held(settings, session_id) as release:
+            proxy.arm(token(1))
+            for i in range(1, 21):
+                await healthy.append(text(i))
+                await fenced.append(text(i))
+            flushed = asyncio.gather(healthy.flush(), fenced.flush(), return_exceptions=True)
+            await wait_until(lambda: waiting_appends(settings, 2))
+            await release()
+            done, refused = await flushed
+        assert done == 21
+        assert isinstance(refused, errors.StaleEpoch)
         assert proxy.cuts == 1
         assert await stored_seqs(b, healthy_run) == list(range(1, 22))
         assert await stored_seqs(b, fenced_run) == [1]
