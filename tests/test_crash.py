@@ -273,7 +273,9 @@ async def test_a_cut_statement_arriving_after_its_retry_writes_nothing(
 ) -> None:
     """The connection breaks before the flush's statement reaches the server,
     which gets it only a second later, after the appender's retry committed
-    the batch: the late copy's fence refuses it, nothing is written twice."""
+    the batch: the late copy writes nothing (its fence refuses it; the events'
+    primary key would refuse its rows too), no cursor is taken twice, and the
+    writer goes on."""
     async with proxied_broker(settings) as (b, proxy):
         _, run_id = await new_run(b.store)
         w = await b.claim(run_id, "w")
