@@ -18,14 +18,24 @@ removes it (`Client._remove_sub`: unsubscribe, drain). A handler must not
 block or await; an exception from it is logged and the message dropped (a
 live-feed reader fills what it missed from PostgreSQL), never raised into
 the reader, which would treat it as a protocol error and reconnect.
+
+`flush()` is PING, then wait for the PONG: the server has processed all
+that was sent before. nats-py 2.16 writes the PING straight to the socket
+(`Client._send_ping`), ahead of what is still in its pending buffer, so its
+flush could return before a SUB made just before it reached the server: a
+message another connection published "after" was dropped (about 1 in 100 on
+loopback). `Client` queues the PING behind the pending data instead
+(tests/test_notices.py, a notice right after subscribing).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable
 
+from nats.aio.client import PING_PROTO
 from nats.aio.client import Client as _NatsClient
 from nats.aio.subscription import Subscription
 
@@ -37,6 +47,9 @@ assert list(inspect.signature(_NatsClient._process_msg).parameters) == [
 assert list(inspect.signature(_NatsClient._remove_sub).parameters) == [
     "self", "sid", "max_msgs"
 ], "nats-py changed Client._remove_sub"  # fmt: skip
+assert list(inspect.signature(_NatsClient._send_ping).parameters) == [
+    "self", "future"
+], "nats-py changed Client._send_ping"  # fmt: skip
 
 
 class Client(_NatsClient):
@@ -56,6 +69,17 @@ class Client(_NatsClient):
         assert isinstance(sub._id, int) and self._subs.get(sub._id) is sub, "nats-py changed"
         self._direct[sub._id] = handler
         return sub
+
+    async def _send_ping(self, future: asyncio.Future[bool] | None = None) -> None:
+        # Behind what is pending, so that its PONG means all of it arrived.
+        # Not while reconnecting: a PING left in the buffer would be answered
+        # after the reconnect, and its PONG taken for a later flush's.
+        if not self.is_connected:
+            await super()._send_ping(future)
+            return
+        self._pongs.append(future if future is not None else asyncio.Future())
+        await self._send_command(PING_PROTO)
+        await self._flush_pending()
 
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         # nats-py's one way out for a subscription (unsubscribe, drain).

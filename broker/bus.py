@@ -218,7 +218,11 @@ class Bus:
             if notice.session_id == session_id:
                 callback(notice)
 
-        return await self.nc.subscribe(C.notice_subject(session_id), cb=on_msg)
+        sub = await self.nc.subscribe(C.notice_subject(session_id), cb=on_msg)
+        # Live at the server before the caller announces or tells its watchers
+        # who is there: an announcement sent after that must reach us.
+        await self.nc.flush()
+        return sub
 
     async def subscribe_live(
         self, subject: str, callback: Callable[[LiveBatch], None]

@@ -53,6 +53,35 @@ def test_presence_table_expires_and_merges() -> None:
     assert watching({"alice"}, t, now=12.0) == ["alice"]
 
 
+async def test_a_notice_right_after_subscribing_is_not_lost(
+    settings: Settings, broker: Broker
+) -> None:
+    """Once subscribe_notices returns, the subscription is live at the server:
+    an announcement another gateway sends at once reaches it (before, about 1
+    in 10 was dropped, the SUB still in the client's buffer; some runs lost
+    every one)."""
+    other = await Broker.connect(settings, name="runlog-test-other")
+    missed = []
+    try:
+        for i in range(100):
+            sid = f"race-{i}"
+            got = asyncio.Event()
+            sub = await broker.bus.subscribe_notices(sid, lambda _n, got=got: got.set())
+            await other.bus.publish_notice(
+                control.Presence(session_id=sid, origin="gw2", users=["bob"], ttl_s=1.0)
+            )
+            try:
+                await asyncio.wait_for(got.wait(), 2.0)
+            except TimeoutError:
+                missed.append(sid)
+            await sub.unsubscribe()
+            if len(missed) >= 3:
+                break
+    finally:
+        await other.close()
+    assert missed == []
+
+
 async def test_presence_across_two_gateways(
     settings: Settings, http: aiohttp.ClientSession
 ) -> None:
