@@ -66,7 +66,11 @@ async def test_a_notice_right_after_subscribing_is_not_lost(
         for i in range(100):
             sid = f"race-{i}"
             got = asyncio.Event()
-            sub = await broker.bus.subscribe_notices(sid, lambda _n, got=got: got.set())
+
+            def on_notice(_n: control.SessionNotice, got: asyncio.Event = got) -> None:
+                got.set()
+
+            sub = await broker.bus.subscribe_notices(sid, on_notice)
             await other.bus.publish_notice(
                 control.Presence(session_id=sid, origin="gw2", users=["bob"], ttl_s=1.0)
             )
