@@ -22,6 +22,7 @@ with aiohttp's timers, which are aligned on each connection's last byte).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -75,7 +76,7 @@ class Heartbeat:
             self._arm()
 
 
-def sweep(conns: list[Pulse], ping_phase: bool) -> list[Pulse]:
+def sweep(conns: Sequence[Pulse], ping_phase: bool) -> list[Pulse]:
     """One phase over `conns` (see the module's docstring); the ones found dead."""
     dead: list[Pulse] = []
     for c in conns:
