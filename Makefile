@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # cannot work here); installed once, quietly, if missing (CI runs as root).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test check lint bench fuzz clean vendor
+.PHONY: run test check lint bench bench-scale fuzz clean vendor
 # The real JavaScript clients the compat projections are tested with (pinned
 # in tests/clients/package-lock.json).
 CLIENTS := tests/clients/node_modules/.installed
@@ -53,6 +53,11 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	for s in append fanout peers cores latency replay idle worker flood compat agents console; do $(BIN)/python -m bench $$s || exit 1; done
+
+# 100k idle subscribed WebSockets over a gateway group, then a restart and the
+# reconnect storm (docs/performance.md "100k connections"; several minutes).
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench scale
 
 clean:
 	rm -rf $(VENV) .runlog .pytest_cache .mypy_cache .ruff_cache tests/clients/node_modules

@@ -22,7 +22,7 @@ from . import _lib
 
 SCENARIOS = (
     "append", "fanout", "latency", "replay", "idle", "worker", "flood", "compat", "agents",
-    "console", "peers", "cores",
+    "console", "peers", "cores", "scale",
 )  # fmt: skip
 
 

@@ -17,6 +17,12 @@ the bytes, and logs a traceback. aiohttp has no hook for that (aio-libs/aiohttp
 there by `AppRunner._make_server` (the `Server` aiohttp builds for the app) and
 that `Server`'s `_loop` and `_kwargs`, which its `__call__` uses to build a
 handler per connection.
+
+The gateway's WebSocket heartbeat (heartbeat.py) needs to know that bytes
+came in on an upgraded connection, which is what aiohttp's own heartbeat
+learns through the `data_received_cb` its `WebSocketResponse` gives
+`RequestHandler.set_parser`: with `heartbeat=None` it gives none, and
+`on_data_received` sets the handler's `_data_received_cb` slot afterwards.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import http_exceptions, web
@@ -33,6 +40,7 @@ from broker import errors
 
 assert callable(getattr(BaseProtocol, "_drain_helper", None)), "aiohttp changed its flow control"
 assert callable(getattr(web.AppRunner, "_make_server", None)), "aiohttp changed its runner"
+assert "_data_received_cb" in web.RequestHandler.__slots__, "aiohttp changed its data callback"
 assert list(inspect.signature(web.RequestHandler.handle_error).parameters) == [
     "self", "request", "status", "exc", "message"
 ], "aiohttp changed RequestHandler.handle_error"  # fmt: skip
@@ -139,6 +147,14 @@ async def drained(request: web.BaseRequest) -> None:
         await protocol._drain_helper()
     elif protocol.transport is None:
         raise ConnectionResetError("connection lost")
+
+
+def on_data_received(request: web.BaseRequest, cb: Callable[[], None]) -> None:
+    """Call `cb` (no arguments) whenever bytes arrive on this upgraded
+    connection, before they are parsed (as aiohttp's heartbeat is told)."""
+    protocol = request.protocol
+    assert isinstance(protocol, web.RequestHandler)
+    protocol._data_received_cb = cb
 
 
 def check_uncompressed(ws: web.WebSocketResponse) -> None:

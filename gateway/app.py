@@ -7,19 +7,16 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from broker import errors
 from broker.runtime import Broker
 from broker.settings import Settings
-from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import _aio, auth, console, credentials, openapi, rest, ws
+from . import _aio, auth, console, credentials, error_answer, openapi, rest, ws
 from .compat import agentui_http, agui_http, aisdk_http, langgraph_api, openai_http, sim_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
@@ -32,48 +29,25 @@ STATIC_DIR = Path(__file__).parent / "static"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# The middlewares are plain functions that return the next handler's
+# awaitable where they let a request through: an `async def` middleware's
+# frame would stay alive as long as a WebSocket (~0.3 KiB each at 10k idle
+# connections). `/v1/ws` answers its own errors (ws.handle_ws).
+
+
 @web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # One function (not two nested): its frame lives as long as a WebSocket.
+def error_middleware(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+    if ws.is_ws_route(request):
+        return handler(request)
+    return _answered(request, handler)
+
+
+async def _answered(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         resp = await handler(request)
-    except errors.RunlogError as e:
-        if isinstance(e, errors.InternalError):
-            log.error("internal error on %s: %s", request.path, e.detail)
-        resp = json_response({"error": e.to_dict()}, e.http_status)
-        retry_after = e.extra.get("retry_after_s")
-        if isinstance(retry_after, int | float):
-            resp.headers["Retry-After"] = str(math.ceil(retry_after))
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
-            e.status, "bad_request"
-        )
-        resp = json_response(
-            {"error": {"code": code, "message": e.reason, "retryable": False}}, e.status
-        )
-        for name, value in e.headers.items():  # a 405's Allow, for one
-            if name.lower() not in ("content-type", "content-length"):
-                resp.headers.add(name, value)
-    except TRANSIENT_DB_ERRORS as e:
-        # A connection error that got past the store: still the retryable
-        # answer, and an outage is not a bug (no traceback).
-        log.warning("%s on %s %s: answered storage_unavailable", type(e).__name__,
-                    request.method, request.path)  # fmt: skip
-        err = unavailable("the request")
-        resp = json_response({"error": err.to_dict()}, err.http_status)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        resp = json_response(
-            {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
-        )
-    gw = request.app.get(GATEWAY)
-    if gw is not None:
-        # Route templates, not paths: a bounded label set.
-        info = request.match_info.route.resource
-        route = info.canonical if info is not None else "unmatched"
-        gw.metrics.requests.labels(route, f"{resp.status // 100}xx").inc()
+    except Exception as e:
+        resp = error_answer.answer(request, e)
+    error_answer.count(request, resp.status)
     return resp
 
 
@@ -97,14 +71,18 @@ def _cors_origin(request: web.Request) -> str | None:
 
 
 @web.middleware
-async def cors_preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+def cors_preflight(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
     if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-        origin = _cors_origin(request)
-        if origin is None:
-            return web.Response(status=403)
-        return web.Response(status=204, headers={"Access-Control-Allow-Origin": origin,
-                                                 "Vary": "Origin", **_CORS_PREFLIGHT})  # fmt: skip
-    return await handler(request)
+        return _preflight(request)
+    return handler(request)
+
+
+async def _preflight(request: web.Request) -> web.StreamResponse:
+    origin = _cors_origin(request)
+    if origin is None:
+        return web.Response(status=403)
+    return web.Response(status=204, headers={"Access-Control-Allow-Origin": origin,
+                                             "Vary": "Origin", **_CORS_PREFLIGHT})  # fmt: skip
 
 
 async def _server_header(request: web.Request, response: web.StreamResponse) -> None:

@@ -21,6 +21,7 @@ from . import auth, credentials
 from ._malloc import Trimmer
 from .access import Access
 from .admission import Admission
+from .heartbeat import Heartbeat
 from .hub import Hub
 from .metrics import GatewayMetrics
 from .notices import Notices
@@ -48,6 +49,7 @@ class Gateway:
         metrics.replays_running.set_function(lambda: self.hub.replay_slots.running)
         metrics.replays_waiting.set_function(lambda: self.hub.replay_slots.waiting)
         self.trimmer = Trimmer(settings.malloc_trim_s)
+        self.heartbeat = Heartbeat(settings.ws_heartbeat_s)  # every WebSocket's ping/pong
         self._run_sessions: dict[str, str] = {}
         self.access = Access(self)
         self.notices = Notices(self)
@@ -191,6 +193,7 @@ class Gateway:
         await self.notices.close()
         await self.access.close()
         self.trimmer.close()
+        self.heartbeat.close()
         await self.hub.close()
 
 

@@ -57,8 +57,10 @@ def token_of(request: web.Request) -> str | None:
 
 
 @web.middleware
-async def refuse_misplaced_query_token(
+def refuse_misplaced_query_token(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+) -> Awaitable[web.StreamResponse]:
+    # A plain function (no frame kept alive while a WebSocket lasts); what it
+    # raises reaches error_middleware's try, which is outside it.
     check_query_token(request)
-    return await handler(request)
+    return handler(request)

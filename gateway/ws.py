@@ -17,7 +17,7 @@ from aiohttp import WSMsgType, web
 from broker import errors
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
-from . import _aio, auth, credentials, protocol
+from . import _aio, auth, credentials, error_answer, protocol
 from .connection import Connection, State
 from .context import GATEWAY, Gateway
 from .disconnect import CODES
@@ -33,6 +33,9 @@ _MAX_STRIKES = 20  # malformed messages in a row before the connection is closed
 # Frames go straight to the socket while its unsent buffer is below this;
 # above it they wait in the bounded queue for the writer task.
 _DIRECT_WRITE_MAX_BYTES = 64 * 1024
+# A server ping (RFC 6455 §5.5.2): FIN, opcode 9, no payload, unmasked.
+_PING = b"\x89\x00"
+_ROUTE = "/v1/ws"
 
 
 class _Bucket:
@@ -65,6 +68,22 @@ class WsClient(Connection):
         self._transport = _aio.transport_of(request)
         self.principal: auth.Principal | None = None
         self._expiry: asyncio.TimerHandle | None = None
+        # The gateway's heartbeat sweep (heartbeat.py) reads and clears these.
+        self.heard = True
+        self.pinged = False
+
+    def _heard(self) -> None:
+        self.heard = True
+
+    def ping(self) -> None:
+        t = self._writable()
+        if t is not None:
+            t.write(_PING)
+
+    def dead(self) -> None:
+        # What aiohttp's own heartbeat does, without waiting for a close
+        # handshake the peer will not answer: the read loop then ends.
+        self.abort_transport()
 
     def transport(self) -> asyncio.Transport | None:
         return self._transport
@@ -221,8 +240,39 @@ class WsClient(Connection):
         self.reply("subscribed", ref=msg.ref, topic=key, cursor=msg.after, head=member.head)
 
 
+def is_ws_route(request: web.Request) -> bool:
+    """A WebSocket upgrade request (`GET /v1/ws`): handle_ws answers its own
+    errors, so that no middleware frame stays alive with the connection."""
+    resource = request.match_info.route.resource
+    return request.method == "GET" and resource is not None and resource.canonical == _ROUTE
+
+
 async def handle_ws(request: web.Request) -> web.StreamResponse:
     gw: Gateway = request.app[GATEWAY]
+    try:
+        ws, client = await _open(gw, request)
+    except Exception as e:
+        resp = error_answer.answer(request, e)
+        error_answer.count(request, resp.status)
+        return resp
+    if client is not None:
+        gw.heartbeat.add(client)
+        try:
+            await _read_loop(gw, client, ws)
+        finally:
+            # Started here if the client left; else this waits for the teardown
+            # a server-side reason started (it woke the read loop).
+            await client.close(None)
+            gw.heartbeat.discard(client)
+    error_answer.count(request, 101)
+    return ws
+
+
+async def _open(gw: Gateway, request: web.Request) -> tuple[web.WebSocketResponse, WsClient | None]:
+    """Check the request, upgrade it, admit the client and say hello; None
+    in place of the client when it was refused after the upgrade. What is
+    only needed here (the token, the offered protocols) ends with this
+    frame, not kept for the connection's life."""
     s = gw.settings
     if gw.draining:
         raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
@@ -242,7 +292,7 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
 
     ws = web.WebSocketResponse(
         protocols=(protocol.SUBPROTOCOL,),
-        heartbeat=s.ws_heartbeat_s,
+        heartbeat=None,  # the gateway's sweep pings (heartbeat.py), not a timer per connection
         max_msg_size=s.max_message_bytes * _HARD_LIMIT_FACTOR,
         compress=False,  # frames are pre-built, uncompressed (see _aio.py)
         timeout=s.disconnect_timeout_s,  # how long close() waits for the client's close
@@ -250,24 +300,23 @@ async def handle_ws(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     client = WsClient(gw, ws, request)
     try:
-        try:
-            # The address's cap now; the user's now if known, else at `auth`.
-            client.ticket = gw.admission.admit(ip, principal.user if principal else None)
-            if principal is not None and token is not None:
-                client.authenticate(token)
-        except errors.TooManyConnections as e:
-            await client.refuse(e)
-            return ws
-        client.reply(
-            "hello", protocol=protocol.PROTOCOL_VERSION, heartbeat_s=s.ws_heartbeat_s,
-            max_message_bytes=s.max_message_bytes, user=client.user or None,
-        )  # fmt: skip
-        await _read_loop(gw, client, ws)
-    finally:
-        # Started here if the client left; else this waits for the teardown
-        # a server-side reason started (it woke the read loop).
+        # The address's cap now; the user's now if known, else at `auth`.
+        client.ticket = gw.admission.admit(ip, principal.user if principal else None)
+        if principal is not None and token is not None:
+            client.authenticate(token)
+    except errors.TooManyConnections as e:
+        await client.refuse(e)
         await client.close(None)
-    return ws
+        return ws, None
+    except BaseException:
+        await client.close(None)
+        raise
+    _aio.on_data_received(request, client._heard)
+    client.reply(
+        "hello", protocol=protocol.PROTOCOL_VERSION, heartbeat_s=s.ws_heartbeat_s,
+        max_message_bytes=s.max_message_bytes, user=client.user or None,
+    )  # fmt: skip
+    return ws, client
 
 
 async def _read_loop(gw: Gateway, client: WsClient, ws: web.WebSocketResponse) -> None:

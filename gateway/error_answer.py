@@ -1,0 +1,67 @@
+"""The HTTP answer to an error a handler raised, and the request counter.
+
+Used by `app.error_middleware` for every route but `/v1/ws`, and by
+`ws.handle_ws` itself for what fails before the upgrade: a middleware that
+wraps the WebSocket handler keeps its coroutine frame alive for the whole
+connection (~0.3 KiB each, docs/performance.md "idle"), so that route
+answers its own errors, the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from aiohttp import web
+
+from broker import errors
+from broker.store import TRANSIENT_DB_ERRORS, unavailable
+
+from .context import GATEWAY, json_response
+
+log = logging.getLogger("gateway.app")
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+def answer(request: web.Request, exc: Exception) -> web.Response:
+    """The coded JSON error for `exc` (a redirect, status < 400, is raised again)."""
+    if isinstance(exc, errors.RunlogError):
+        if isinstance(exc, errors.InternalError):
+            log.error("internal error on %s: %s", request.path, exc.detail)
+        resp = json_response({"error": exc.to_dict()}, exc.http_status)
+        retry_after = exc.extra.get("retry_after_s")
+        if isinstance(retry_after, int | float):
+            resp.headers["Retry-After"] = str(math.ceil(retry_after))
+        return resp
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
+        code = _HTTP_CODES.get(exc.status, "bad_request")
+        resp = json_response(
+            {"error": {"code": code, "message": exc.reason, "retryable": False}}, exc.status
+        )
+        for name, value in exc.headers.items():  # a 405's Allow, for one
+            if name.lower() not in ("content-type", "content-length"):
+                resp.headers.add(name, value)
+        return resp
+    if isinstance(exc, TRANSIENT_DB_ERRORS):
+        # A connection error that got past the store: still the retryable
+        # answer, and an outage is not a bug (no traceback).
+        log.warning("%s on %s %s: answered storage_unavailable", type(exc).__name__,
+                    request.method, request.path)  # fmt: skip
+        err = unavailable("the request")
+        return json_response({"error": err.to_dict()}, err.http_status)
+    log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return json_response(
+        {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
+    )
+
+
+def count(request: web.Request, status: int) -> None:
+    """One request answered with `status`, by route template (a bounded label set)."""
+    gw = request.app.get(GATEWAY)
+    if gw is not None:
+        info = request.match_info.route.resource
+        route = info.canonical if info is not None else "unmatched"
+        gw.metrics.requests.labels(route, f"{status // 100}xx").inc()
