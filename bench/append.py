@@ -104,11 +104,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--worker-procs",
         type=_int_list,
-        default=[],
+        default=[1, 2],
         metavar="P,P,...",
         help="also run the load split over P worker processes (each its own appender and "
         "connections, a session's runs in one process) for each P, e.g. 1,2: prints the "
-        "P-process / 1-process ratio and PostgreSQL's share of the host's CPU (default: off)",
+        "P-process / 1-process ratio and PostgreSQL's share of the host's CPU (default: 1,2; "
+        "'' turns it off)",
     )
     _raw.add_arguments(p)
     p.add_argument(
