@@ -44,7 +44,12 @@ RAW_MSG_BYTES = 150
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--raw-pg-rows", type=int, default=200_000, help="(default: 200000)")
+    p.add_argument(
+        "--raw-pg-rows",
+        type=int,
+        default=0,
+        help="(default: 0, as many as the scenario appends: --runs x --events-per-run)",
+    )
     p.add_argument("--raw-pg-batch", type=int, default=1000, help="(default: 1000)")
     p.add_argument("--raw-js-msgs", type=int, default=50_000, help="(default: 50000)")
     p.add_argument("--raw-js-inflight", type=int, default=256, help="(default: 256)")
@@ -53,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 async def copy_rows(st: Stack, meter: CpuMeter, args: argparse.Namespace) -> dict[str, Any]:
-    n, batch = args.raw_pg_rows, args.raw_pg_batch
+    n = args.raw_pg_rows or args.runs * args.events_per_run
+    batch = args.raw_pg_batch
     sessions = [f"s_bench{j:017d}" for j in range(args.sessions)]
     runs = [f"r_bench{j:017d}" for j in range(args.runs)]
     now_ms = int(time.time() * 1000)

@@ -28,13 +28,16 @@ import cProfile
 import dataclasses
 import io
 import itertools
+import os
 import pstats
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
 from broker import events
@@ -43,7 +46,7 @@ from broker.metrics import BrokerMetrics
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import _lib, _raw
+from . import _appendproc, _lib, _procs, _raw
 from ._lib import Figure, Stack, Timer, summarize
 
 
@@ -91,6 +94,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="setting to sweep, comma-separated: the backlog past which append() waits "
         f"(default: {defaults.max_pending_events})",
     )
+    p.add_argument(
+        "--append-flushers",
+        type=_int_list,
+        default=[defaults.append_flushers],
+        help="setting to sweep, comma-separated: flushes in flight at once "
+        f"(default: {defaults.append_flushers})",
+    )
+    p.add_argument(
+        "--worker-procs",
+        type=_int_list,
+        default=[1, 2],
+        metavar="P,P,...",
+        help="also run the load split over P worker processes (each its own appender and "
+        "connections, a session's runs in one process) for each P, e.g. 1,2: prints the "
+        "P-process / 1-process ratio and PostgreSQL's share of the host's CPU (default: 1,2; "
+        "'' turns it off)",
+    )
     _raw.add_arguments(p)
     p.add_argument(
         "--profile",
@@ -123,9 +143,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 r = await _append_trial(st, meter, args, combo, profile)
                 t["append"].append(r)
                 _progress(trial, f"append {_combo_name(combo)}", r)
+                if not args.no_raw:
+                    # Right after each append phase: the host's load moves
+                    # within seconds, and the ratio is the figure.
+                    r["raw_pg"] = await _raw.copy_rows(st, meter, args)
+                    r["ratio_raw_copy"] = r["committed_events_s"] / r["raw_pg"]["rows_s"]
+                    _progress(trial, "raw pg", r["raw_pg"])
+                    print(f"trial {trial + 1}: committed / raw COPY: {r['ratio_raw_copy']:.2f}")
+            if args.worker_procs:
+                t["procs"] = []
+                for p in args.worker_procs:
+                    r = await _procs_trial(st, args, combos[0], p)
+                    t["procs"].append(r)
+                    _progress(trial, f"{p} worker process(es)", r)
             if not args.no_raw:
-                t["raw_pg"] = await _raw.copy_rows(st, meter, args)
-                _progress(trial, "raw pg", t["raw_pg"])
+                t["raw_pg"] = t["append"][0]["raw_pg"]
                 t["raw_js"] = await _raw.jetstream_publish(st, meter, args)
                 _progress(trial, "raw js", t["raw_js"])
                 t["raw_core"] = await _raw.core_pub_sub(st, meter, args)
@@ -140,7 +172,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # Settings that can be swept from the command line (a flag each, comma-separated values).
-SWEPT_SETTINGS = ("flush_max_events", "flush_interval_ms", "max_pending_events")
+SWEPT_SETTINGS = ("flush_max_events", "flush_interval_ms", "max_pending_events", "append_flushers")
 
 
 def _combos(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -184,7 +216,7 @@ async def _append_trial(
         for w in writers:
             await w.append(events.RunStart(model="bench", started_by="bench"))
         await asyncio.gather(*(w.flush() for w in writers))
-        await _wait_published(b)
+        await wait_published(b)
         m = b.metrics
         # Counters and histograms are cumulative: read them before and after
         # the measured phase and report the difference.
@@ -198,7 +230,7 @@ async def _append_trial(
         messages_before = _sample(m, "runlog_publish_messages_total")
         dropped_before = _sample(m, "runlog_publish_dropped_total")
 
-        feed = _Feed(args.events_per_run, args.burst, args.sample_every, args.rate_per_run)
+        feed = Feed(args.events_per_run, args.burst, args.sample_every, args.rate_per_run)
         n_events = args.runs * args.events_per_run
         profiler = cProfile.Profile(time.process_time) if profile_path is not None else None
         timer = Timer(meter)
@@ -206,9 +238,9 @@ async def _append_trial(
         feed.t0 = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        await asyncio.gather(*(_stream_tokens(w, k, feed) for k, w in enumerate(writers)))
+        await asyncio.gather(*(stream_tokens(w, k, feed) for k, w in enumerate(writers)))
         commit_wall_s, commit_cpu = timer.lap()
-        await _wait_published(b)
+        await wait_published(b)
         if profiler is not None:
             profiler.disable()
         timer.stop()
@@ -296,7 +328,7 @@ def _sample(m: BrokerMetrics, name: str) -> float:
 
 
 @dataclasses.dataclass
-class _Feed:
+class Feed:
     """How the simulated model streams produce tokens, and what they record."""
 
     events_per_run: int
@@ -308,7 +340,7 @@ class _Feed:
     appended_at: list[float] = dataclasses.field(default_factory=list)
 
 
-async def _stream_tokens(w: RunWriter, k: int, feed: _Feed) -> None:
+async def stream_tokens(w: RunWriter, k: int, feed: Feed) -> None:
     """One run's model stream: token deltas, yielding every `burst` tokens."""
     loop = asyncio.get_running_loop()
     message_id = f"m_{k:04d}"
@@ -357,7 +389,7 @@ def _watch_commit(
     waiters.append((seq, fut))
 
 
-async def _wait_published(b: Broker, timeout_s: float = 120.0) -> None:
+async def wait_published(b: Broker, timeout_s: float = 120.0) -> None:
     """Until JetStream acked every live-feed message of what was committed.
 
     The appender pops a message off its backlog only after its ack, so an
@@ -390,6 +422,144 @@ def _dump_profile(profiler: cProfile.Profile, path: Path) -> None:
     stats.sort_stats("cumulative").print_stats(30)
     print(buf.getvalue())
     print(f"profile written to {path}; this trial is left out of the summary")
+
+
+# --- several worker processes ---------------------------------------------------
+
+
+async def _procs_trial(
+    st: Stack, args: argparse.Namespace, combo: dict[str, Any], n_procs: int
+) -> dict[str, Any]:
+    """The same load split over `n_procs` processes (bench/_appendproc.py),
+    each its own appender against the same PostgreSQL: run i goes to process
+    i mod P, and run i is in session i mod --sessions, so with P dividing
+    --sessions a session's runs are all in one process (no session row is
+    contended between processes: this measures the appenders, not that)."""
+    settings = dataclasses.replace(
+        Settings.from_env({}), nats_url=st.nats_url, database_url=st.database_url
+    )
+    b = await Broker.connect(settings, registry=CollectorRegistry(), name="runlog-bench")
+    try:
+        sessions = [await b.store.create_session("bench") for _ in range(args.sessions)]
+        run_ids = [
+            await b.store.create_run(sessions[i % len(sessions)], "bench", model="bench")
+            for i in range(args.runs)
+        ]
+    finally:
+        await b.close()
+    meter = _procs.Meter(st)
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for k in range(n_procs):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench._appendproc",
+                cwd=_procs.REPO,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            procs.append(proc)
+            job = _appendproc.Job(
+                nats_url=st.nats_url,
+                database_url=st.database_url,
+                run_ids=run_ids[k::n_procs],
+                events_per_run=args.events_per_run,
+                burst=args.burst,
+                settings=combo,
+            )
+            await _send(proc, msgspec.json.encode(job).decode())
+            meter.add(f"worker{k}", proc.pid, precise=True)
+        for proc in procs:
+            assert await _recv(proc) == "ready"
+        timer = Timer(meter)
+        timer.start()
+        for proc in procs:
+            await _send(proc, "go")
+        reports = [
+            msgspec.json.decode(await _recv(proc), type=_appendproc.Report) for proc in procs
+        ]
+        timer.stop()
+        for proc in procs:
+            await _send(proc, "bye")
+        for proc in procs:
+            await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    n = sum(r.events for r in reports)
+    committed_s = max(r.committed_s for r in reports)
+    workers_cpu_s = sum(timer.cpu_s[f"worker{k}"] for k in range(n_procs))
+    cores = os.cpu_count() or 1
+    return {
+        "procs": n_procs,
+        "events": n,
+        "committed_events_s": n / committed_s,
+        "published_events_s": n / max(r.published_s for r in reports),
+        "worker_cpu_us_per_event": workers_cpu_s * 1e6 / n,
+        "worker_cores": workers_cpu_s / timer.wall_s,
+        "pg_cpu_us_per_event": timer.us_per(n, "postgres"),
+        "pg_cores": timer.cpu_s.get("postgres", float("nan")) / timer.wall_s,
+        "pg_host_share_pct": 100 * timer.cpu_s.get("postgres", float("nan")) / timer.wall_s / cores,
+        "nats_cores": timer.cpu_s.get("nats", float("nan")) / timer.wall_s,
+        "host_idle_cores": max(0.0, cores - timer.cpu_s["host"] / timer.wall_s),
+        "others_cpu_cores": max(0.0, timer.others_cores()),
+    }
+
+
+async def _send(proc: asyncio.subprocess.Process, line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line.encode() + b"\n")
+    await proc.stdin.drain()
+
+
+async def _recv(proc: asyncio.subprocess.Process, timeout_s: float = 300.0) -> str:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout_s)
+    if not line:
+        raise RuntimeError(f"worker process {proc.pid} exited (code {await proc.wait()})")
+    return line.decode().strip()
+
+
+# (key in the result, label, unit)
+_PROCS_FIGURES = (
+    ("committed_events_s", "committed, all processes", "events/s"),
+    ("worker_cpu_us_per_event", "worker CPU, all processes", "µs/event"),
+    ("worker_cores", "worker CPU", "cores"),
+    ("pg_cpu_us_per_event", "PostgreSQL CPU", "µs/event"),
+    ("pg_cores", "PostgreSQL CPU", "cores"),
+    ("pg_host_share_pct", "PostgreSQL's share of the host's CPU", "%"),
+    ("nats_cores", "nats-server CPU", "cores"),
+    ("host_idle_cores", "host CPU left idle", "cores"),
+    ("others_cpu_cores", "host CPU outside our processes", "cores"),
+)
+
+
+def _procs_figures(trials: list[dict[str, Any]], args: argparse.Namespace) -> list[Figure]:
+    figs: list[Figure] = []
+    for i, p in enumerate(args.worker_procs):
+        section = f"{p} worker process(es), each its own appender, load split between them"
+        for key, label, unit in _PROCS_FIGURES:
+            figs.append(summarize(section, label, unit, [t["procs"][i][key] for t in trials]))
+    if 1 in args.worker_procs:
+        one = args.worker_procs.index(1)
+        for i, p in enumerate(args.worker_procs):
+            if p != 1:
+                figs.append(
+                    summarize(
+                        f"{p} worker processes / 1",
+                        "committed events/s ratio",
+                        "ratio",
+                        [
+                            t["procs"][i]["committed_events_s"]
+                            / t["procs"][one]["committed_events_s"]
+                            for t in trials
+                        ],
+                    )
+                )
+    return figs
 
 
 # --- figures ---------------------------------------------------------------------
@@ -444,11 +614,21 @@ def _figures(
             figs.append(
                 summarize(
                     section,
-                    "committed / raw PostgreSQL COPY",
-                    "ratio",
-                    [t["append"][c]["committed_events_s"] / t["raw_pg"]["rows_s"] for t in trials],
+                    "raw COPY of as many rows, right after",
+                    "rows/s",
+                    [t["append"][c]["raw_pg"]["rows_s"] for t in trials],
                 )
             )
+            figs.append(
+                summarize(
+                    section,
+                    "committed / raw PostgreSQL COPY",
+                    "ratio",
+                    [t["append"][c]["ratio_raw_copy"] for t in trials],
+                )
+            )
+    if args.worker_procs:
+        figs.extend(_procs_figures(trials, args))
     if not args.no_raw:
         section = "raw limits, same servers, same run"
         for phase, key, label, unit in _RAW_FIGURES:

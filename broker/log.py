@@ -16,7 +16,15 @@ Contract:
 - One transaction per flush, across runs: one statement (`_APPEND`) in its
   own implicit transaction, so either every accepted run's slice of the batch
   is committed or none is. Commits start at most once per
-  `flush_interval_ms` unless a batch is full or urgent. After an ambiguous
+  `flush_interval_ms` unless a batch is full or urgent.
+- Up to `append_flushers` flushes are in flight at once, on as many
+  connections, and no two of them share a session: a batch takes the pending
+  events of sessions that have none in flight (whole sessions, oldest first),
+  and a session's later events wait until its flush is resolved. So a
+  session's (and a run's) events still commit one flush after the other, in
+  append order, and concurrent flushes of one process lock disjoint run and
+  session rows. Below saturation one flush is done before the next is due, so
+  there is one statement per interval, as with one flusher. After an ambiguous
   failure (connection lost before the statement's reply) the batch is simply
   retried: a slice the lost attempt committed is refused by the retry's
   fence, and every refused slice is looked up (`runs.last_seq, owner_epoch`
@@ -242,7 +250,14 @@ class RunWriter:
 
 class Appender:
     """One per process: batches the appends of all its writers into
-    transactions and publishes what committed."""
+    transactions and publishes what committed.
+
+    One dispatcher decides when a flush starts (the cadence) and what it
+    takes (whole sessions with nothing in flight, oldest first); up to
+    `append_flushers` flusher tasks commit the batches, one each. The pending
+    bound (`max_pending_events`) counts what waits, not the batches being
+    committed (at most `append_flushers` x `flush_max_events` more).
+    """
 
     def __init__(
         self,
@@ -258,8 +273,20 @@ class Appender:
         self.settings = settings
         self.metrics = metrics
         self._clock = clock
-        self._pending: list[_Entry] = []
+        # Pending events by session; sessions in the order their oldest
+        # pending event arrived (a session stays in place after a partial take).
+        self._pending: dict[str, list[_Entry]] = {}
+        self._n_pending = 0
+        self._n_takeable = 0  # pending events of sessions with no flush in flight
+        self._in_flight: set[str] = set()  # sessions with a flush in flight
+        self._urgent: set[str] = set()  # sessions with an urgent event pending
+        self._flushers = max(1, settings.append_flushers)
+        self._busy = 0  # flushes in flight
+        self._batches: asyncio.Queue[tuple[list[_Entry], list[str]]] = asyncio.Queue()
+        # Something changed for the dispatcher: a first event to take, a full
+        # batch to take, an urgent event, a flush resolved.
         self._wake = asyncio.Event()
+        self._free = asyncio.Event()  # a flusher became free
         self._space = asyncio.Event()
         self._space.set()
         self._idle = asyncio.Event()
@@ -269,7 +296,6 @@ class Appender:
         self._published_idle = asyncio.Event()
         self._published_idle.set()
         self._closing = False
-        self._urgent = False
         self._napping: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -281,7 +307,11 @@ class Appender:
 
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._flush_loop(), name="runlog-append-flush"),
+            asyncio.create_task(self._dispatch_loop(), name="runlog-append-dispatch"),
+            *(
+                asyncio.create_task(self._flush_loop(), name=f"runlog-append-flush-{i}")
+                for i in range(self._flushers)
+            ),
             asyncio.create_task(self._publish_loop(), name="runlog-append-publish"),
         ]
 
@@ -298,7 +328,7 @@ class Appender:
         except TimeoutError:
             log.warning(
                 "appender closed with %d events uncommitted, %d messages unpublished",
-                len(self._pending),
+                self._n_pending,
                 len(self._publish_q),
             )
         for t in self._tasks:
@@ -306,64 +336,138 @@ class Appender:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def wait_for_space(self) -> None:
-        while len(self._pending) >= self.settings.max_pending_events:
-            # Full: PostgreSQL is slow or away, and the flush loop, stuck in a
-            # commit, cannot update the gauge meanwhile.
-            self.metrics.pending_events.set(len(self._pending))
+        while self._n_pending >= self.settings.max_pending_events:
+            # Full: PostgreSQL is slow or away, and the flushers, stuck in
+            # commits, cannot update the gauge meanwhile.
+            self.metrics.pending_events.set(self._n_pending)
             self._space.clear()
             await self._space.wait()
 
     def enqueue(self, entry: _Entry) -> None:
         if self._closing:
             raise errors.StorageError("this process is shutting down; append refused")
-        self._pending.append(entry)
+        sid = entry.writer.session_id
+        queue = self._pending.get(sid)
+        if queue is None:
+            self._pending[sid] = [entry]
+        else:
+            queue.append(entry)
+        self._n_pending += 1
         self._idle.clear()
-        self._wake.set()
+        if sid in self._in_flight:
+            # It waits for its session's flush; the dispatcher hears of it then.
+            if entry.type in _URGENT_TYPES:
+                self._urgent.add(sid)
+            return
+        self._n_takeable += 1
         if entry.type in _URGENT_TYPES:
-            self._urgent = True
+            self._urgent.add(sid)
+            self._wake.set()
             self._end_nap()
-        elif len(self._pending) == self.settings.flush_max_events:
+        elif self._n_takeable == 1 or self._n_takeable == self.settings.flush_max_events:
+            self._wake.set()
             self._end_nap()
 
     # -- flush
 
-    async def _flush_loop(self) -> None:
-        s = self.settings
-        interval_s = s.flush_interval_ms / 1000
+    async def _dispatch_loop(self) -> None:
+        interval_s = self.settings.flush_interval_ms / 1000
         last_start = -interval_s
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                # At most one commit per interval: a commit's cost is per
-                # transaction (a round trip, a WAL flush), and at a model's
-                # pace each carries a few events of many runs. An event waits
-                # at most the interval (or the commit in flight); after idle,
-                # what is pending commits at once. Full batches, events that
-                # people wait on (a run starting, an approval, the end) and a
-                # close cut the wait short.
-                delay = last_start + interval_s - time.monotonic()
-                if delay > 0 and not self._flush_now():
-                    await self._nap(delay)
-                    continue
-                batch = self._pending[: s.flush_max_events]
-                del self._pending[: s.flush_max_events]
-                self._urgent = any(e.type in _URGENT_TYPES for e in self._pending)
-                self.metrics.pending_events.set(len(self._pending))
-                if len(self._pending) < s.max_pending_events:
-                    self._space.set()
-                last_start = time.monotonic()
-                try:
-                    await self._commit_batch(batch)
-                except Exception as e:  # a bug: fail the batch's writers, keep serving
-                    log.exception("append batch failed")
-                    err = errors.InternalError(f"append failed: {type(e).__name__}")
-                    for entry in batch:
-                        entry.writer._fail(err)
-            self._idle.set()
+            if not self._n_takeable:
+                if self._busy == 0 and not self._n_pending:
+                    self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._busy >= self._flushers:
+                self._free.clear()
+                await self._free.wait()
+                continue
+            if self._busy and not self._flush_now():
+                # A flush is in flight: another starts only for a full batch
+                # (or an urgent event, or a close). So below saturation there
+                # is one flush at a time and one statement per interval, as
+                # with a single flusher; several run only when one cannot
+                # keep up.
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # At most one flush starts per interval: a commit's cost is per
+            # transaction (a round trip, a WAL flush), and at a model's pace
+            # each carries a few events of many runs. An event waits at most
+            # the interval (or the flush in flight); after idle, what is
+            # pending commits at once. Full batches, events that people wait
+            # on (a run starting, an approval, the end) and a close cut the
+            # wait short.
+            delay = last_start + interval_s - time.monotonic()
+            if delay > 0 and not self._flush_now():
+                await self._nap(delay)
+                continue
+            last_start = time.monotonic()
+            self._busy += 1
+            self._batches.put_nowait(self._take())
 
     def _flush_now(self) -> bool:
-        return self._urgent or self._closing or len(self._pending) >= self.settings.flush_max_events
+        return (
+            self._closing
+            or self._n_takeable >= self.settings.flush_max_events
+            or not self._urgent <= self._in_flight
+        )
+
+    def _take(self) -> tuple[list[_Entry], list[str]]:
+        """The next batch: the pending events of sessions with nothing in
+        flight, whole sessions in order, up to `flush_max_events` (the last
+        session's in part); those sessions are in flight from now on."""
+        budget = self.settings.flush_max_events
+        batch: list[_Entry] = []
+        sessions: list[str] = []
+        for sid, queue in self._pending.items():
+            if sid in self._in_flight:
+                continue
+            sessions.append(sid)
+            room = budget - len(batch)
+            if len(queue) <= room:
+                batch.extend(queue)
+                queue.clear()
+            else:
+                batch.extend(queue[:room])
+                del queue[:room]
+            if len(batch) >= budget:
+                break
+        for sid in sessions:
+            queue = self._pending[sid]
+            if not queue:
+                del self._pending[sid]
+                self._urgent.discard(sid)
+            elif sid in self._urgent and not any(e.type in _URGENT_TYPES for e in queue):
+                self._urgent.discard(sid)
+        self._in_flight.update(sessions)
+        self._n_pending -= len(batch)
+        # What is left of the last session waits for this flush.
+        self._n_takeable -= len(batch) + len(self._pending.get(sessions[-1], ()))
+        self.metrics.pending_events.set(self._n_pending)
+        if self._n_pending < self.settings.max_pending_events:
+            self._space.set()
+        return batch, sessions
+
+    async def _flush_loop(self) -> None:
+        while True:
+            batch, sessions = await self._batches.get()
+            try:
+                await self._commit_batch(batch)
+            except Exception as e:  # a bug: fail the batch's writers, keep serving
+                log.exception("append batch failed")
+                err = errors.InternalError(f"append failed: {type(e).__name__}")
+                for entry in batch:
+                    entry.writer._fail(err)
+            finally:
+                self._in_flight.difference_update(sessions)
+                for sid in sessions:
+                    self._n_takeable += len(self._pending.get(sid, ()))
+                self._busy -= 1
+                self._free.set()
+                self._wake.set()
 
     async def _nap(self, delay_s: float) -> None:
         """Sleep `delay_s`, or less if `_end_nap` is called (a timer and a

@@ -58,6 +58,13 @@ class Settings:
     flush_max_events: int = _opt(
         4000, "Most events committed in one transaction (events); a full batch flushes at once."
     )
+    append_flushers: int = _opt(
+        2,
+        "Most flushes (commit transactions) of one process in flight at once, each on its own "
+        "PostgreSQL connection and never two of one session (flushers); more only help when "
+        "one flush at a time cannot keep up and PostgreSQL has a core to spare. Keep it below "
+        "db_pool_size.",
+    )
     max_event_bytes: int = _opt(
         65536, "Largest encoded event accepted (bytes); larger ones get payload_too_large."
     )
