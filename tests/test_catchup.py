@@ -118,7 +118,8 @@ async def test_a_replay_to_a_client_that_does_not_read_holds_no_page_and_a_bound
     once the queue passes the lag mark, and then holds no replay turn, no
     page (not even one read ahead) and at most one chunk past the mark."""
     lag = 16 * 1024
-    async with running_gateway(settings, send_queue_lag_bytes=lag) as g:
+    # Pages of 4 events (8 KB) are pushed whole: each turn may read the next ahead.
+    async with running_gateway(settings, send_queue_lag_bytes=lag, page_max_events=4) as g:
         sid = await session_with(http, g, "alice")
         big, w = await write_run(broker, sid, 0, end=False)
         for i in range(2000):  # 4 MB: more than the sockets on the way can hold
@@ -139,6 +140,7 @@ async def test_a_replay_to_a_client_that_does_not_read_holds_no_page_and_a_bound
                     and g.sample("runlog_gateway_replays_running") == 0
                 ),
                 10,
+                "the replay paused: its queue past the lag mark, no replay turn held",
             )
             queued = g.sample("runlog_gateway_send_queue_bytes") or 0
             # The mark, plus one chunk (at most the mark of payload) and its framing.
