@@ -23,6 +23,10 @@ Contract:
   client delays only its own replays, and a waiting replay holds no more
   than its buffer of live batches (at most `live_buffer_max` events, shared
   with the other members: the batches are the topic's). Live delivery never takes a turn.
+- A replay whose client keeps up reads its next page while the current one
+  is written, in a slot of its own taken only when one is free, and dropped
+  before it would wait for its client; its frames are built from the page
+  rows where the client's format allows (replay_page.py).
 """
 
 from __future__ import annotations
