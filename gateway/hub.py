@@ -137,7 +137,9 @@ class Member:
                 await q.wait_below(q.lag_bytes)
                 if self.closed:
                     return
-                pushed, read, ahead = await self._turn(limit, min(page_max, 2 * limit), ahead)
+                # The turn owns the read ahead from here (and frees its slot).
+                taken, ahead = ahead, None
+                pushed, read, ahead = await self._turn(limit, min(page_max, 2 * limit), taken)
                 if self.ended:
                     return
                 if pushed < read:

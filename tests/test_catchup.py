@@ -19,6 +19,7 @@ from broker import events
 from broker.runtime import Broker
 from broker.settings import Settings
 from broker.store import StoredEvent
+from gateway.context import GATEWAY
 from gateway.frames import sse_frame
 from gateway.replay_page import chunk_len, sse_text
 
@@ -32,6 +33,7 @@ from .gw import (
     write_run,
     ws_connect,
 )
+from .helpers import KillableStack, make_settings
 from .rawclient import RawSse, RawWs
 
 _BIG = "x" * 2000
@@ -178,3 +180,40 @@ async def test_a_batch_replay_sends_a_page_per_frame(
         assert _frames_of(msgs) == [10, 10, 10, 5]
         assert [m["cursor"] for m in msgs] == [1, 11, 21, 31]
         assert msgs[-1]["events"][-1]["type"] == "run_end"
+
+
+async def test_a_storage_outage_during_a_replay_reading_ahead_frees_every_replay_slot(
+    killable: KillableStack, http: aiohttp.ClientSession
+) -> None:
+    """PostgreSQL dies while a client that keeps up replays a long run in
+    pages of 10 (so a read ahead is nearly always in flight): the client
+    gets storage_unavailable, and every replay slot comes back (none lost,
+    none released twice)."""
+    s = make_settings(killable, db_retry_s=1.0, page_max_events=10)
+    b = await Broker.connect(make_settings(killable, db_retry_s=60.0), name="test-outage-writer")
+    try:
+        async with running_gateway(s) as g:
+            sid = await session_with(http, g, "alice")
+            run_id, _ = await write_run(b, sid, 20_000, end=False)
+            c, _ = await RawWs.connect(g.port, g.token("alice"), rcvbuf=1 << 20)
+            try:
+                assert (await c.message())["type"] == "hello"
+                await c.send(type="subscribe", run_id=run_id, after=0, batch=True)
+                assert (await c.message())["type"] == "subscribed"
+                assert (await c.message())["type"] == "events"  # the replay is under way
+                killable.pg.kill()
+                msgs, close_code = await asyncio.wait_for(c.read_to_end(), 30)
+                assert msgs[-1]["type"] == "disconnect"
+                assert msgs[-1]["code"] == "storage_unavailable"
+                assert close_code == 4002
+                await eventually(
+                    lambda: g.sample("runlog_gateway_connections", {"kind": "ws"}) == 0, 10
+                )
+                assert g.sample("runlog_gateway_replays_running") == 0
+                assert g.app[GATEWAY].hub.replay_slots.running == 0
+            finally:
+                await c.close()
+                await killable.pg.wait_stopped()
+                await killable.pg.restart()
+    finally:
+        await b.close()
