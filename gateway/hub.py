@@ -140,6 +140,7 @@ class Member:
                 # The turn owns the read ahead from here (and frees its slot).
                 taken, ahead = ahead, None
                 pushed, read, ahead = await self._turn(limit, min(page_max, 2 * limit), taken)
+                taken = None  # its task keeps the rows: hold none while we wait
                 if self.ended:
                     return
                 if pushed < read:
