@@ -27,7 +27,7 @@ load) and later its result.
 | `dump` | the recorded receipts, and stop recording | records |
 | `close_all` | close every connection | |
 | `ws_replay` url, token, topic, last, batch | one fresh connection: subscribe from 0 until `last` | seconds, frames, events |
-| `sse_replay` url, token | read an SSE stream to its end | seconds, events, bytes |
+| `sse_replay` url, token, events? | read an SSE stream to its end (or, with `events`, until that many arrived: a session's stream never ends) | seconds, events, bytes |
 | `page_replay` url, token, limit | page through `url` until the end | seconds, events, pages |
 | `stats` | per-connection counters, closes seen | |
 | `rss` | this process's RSS | |
@@ -510,7 +510,8 @@ class Driver:
         finally:
             conn.close()
 
-    async def sse_replay(self, url: str, token: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    async def sse_replay(self, url: str, token: str, events: int = 0,
+                         timeout_s: float = 120.0) -> dict[str, Any]:  # fmt: skip
         import aiohttp
 
         headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
@@ -525,13 +526,16 @@ class Driver:
                 async for chunk in resp.content.iter_any():
                     nbytes += len(chunk)
                     data = tail + chunk
-                    # One `data:` line per event frame; the 6-byte tail catches
-                    # a marker split across two reads.
-                    k = data.count(b"\ndata: ")
+                    # One `id:` line per event frame (notices, e.g. a session's
+                    # presence, have none); the 4-byte tail catches a marker
+                    # split across two reads (and is too short to hold a whole one).
+                    k = data.count(b"\nid: ")
                     if k:
                         n += k
                         t_last = time.time()
-                    tail = data[-6:]
+                    tail = data[-4:]
+                    if events and n >= events:
+                        break
             t1 = time.time()
         # The stream ends some time after its last event (the server notices the
         # run's end on its own schedule): the replay rate is up to the last event.

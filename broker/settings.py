@@ -253,8 +253,9 @@ class Settings:
         2,
         "Most catch-up replay pages a gateway reads from PostgreSQL and queues at once "
         "(pages); the others wait their turn, round-robin between users. Two overlap one "
-        "read with one push; more only help a distant PostgreSQL, and must stay below "
-        "db_pool_size. 0: no bound.",
+        "read with one push (a replay alone reads its next page ahead in a free second "
+        "slot); more only help a distant PostgreSQL, and must stay below db_pool_size. "
+        "0: no bound.",
     )
     replay_loop_share: float = _opt(
         0.5,

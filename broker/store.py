@@ -176,7 +176,9 @@ class SessionInfo(NamedTuple):
     queued: tuple[QueuedRun, ...] = ()  # in the order they will start
 
 
-_PAGE_COLUMNS = "run_id, seq, cursor, type, payload"
+_PAGE_COLUMNS = "run_id, seq, cursor, type, payload"  # StoredEvent's fields, in order
+# Where a page row (`Store.stream_rows`) holds each of them.
+ROW_RUN_ID, ROW_SEQ, ROW_CURSOR, ROW_TYPE, ROW_PAYLOAD = range(5)
 _RUN_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
 )
@@ -795,11 +797,23 @@ class Store:
     ) -> list[StoredEvent]:
         """A run's page (by seq) or a session's (by cursor), retried while
         PostgreSQL is unreachable (at most `retry_s`), then StorageError."""
+        rows = await self.stream_rows(by_run, ident, after, limit, retry_s=retry_s)
+        return [StoredEvent(*r) for r in rows]
+
+    async def stream_rows(
+        self, by_run: bool, ident: str, after: int, limit: int, *, retry_s: float
+    ) -> list[asyncpg.Record]:
+        """`stream_page` as the rows PostgreSQL returned, without an object
+        per event: each row holds StoredEvent's fields in its order (index
+        them with ROW_SEQ, ROW_CURSOR, ROW_TYPE, ROW_PAYLOAD; `StoredEvent(*row)`
+        makes the event). For readers that need only positions and payloads
+        (a catch-up replay builds its frames from them: ~0.5 µs an event
+        less than a StoredEvent each)."""
         sql = _RUN_PAGE if by_run else _SESSION_PAGE
-        rows = await retry_transient(
+        rows: list[asyncpg.Record] = await retry_transient(
             lambda: self.pool.fetch(sql, ident, after, limit), for_s=retry_s, what="page read"
         )
-        return [StoredEvent(*r) for r in rows]
+        return rows
 
     async def stream_head(self, by_run: bool, ident: str, *, retry_s: float) -> tuple[int, bool]:
         """(head position, whether the stream ended: only runs end), with retries."""

@@ -23,6 +23,10 @@ Contract:
   client delays only its own replays, and a waiting replay holds no more
   than its buffer of live batches (at most `live_buffer_max` events, shared
   with the other members: the batches are the topic's). Live delivery never takes a turn.
+- A replay whose client keeps up reads its next page while the current one
+  is written, in a slot of its own taken only when one is free, and dropped
+  before it would wait for its client; its frames are built from the page
+  rows where the client's format allows (replay_page.py).
 """
 
 from __future__ import annotations
@@ -33,14 +37,17 @@ import logging
 import time
 from typing import Protocol
 
+import asyncpg
+
 from broker import errors
 from broker.runtime import Broker
-from broker.store import StoredEvent
+from broker.store import ROW_CURSOR, ROW_SEQ, ROW_TYPE, StoredEvent
 from broker.subscribe import Subscription
 
 from .connection import Connection
-from .frames import EncodedBatch, contiguous
+from .frames import EncodedBatch, contiguous, ws_events_frame, ws_wire
 from .metrics import GatewayMetrics
+from .replay_page import PageRead, chunk_len, payloads_of, sse_text
 from .replay_slots import ReplaySlots
 from .sendq import Mode
 
@@ -120,13 +127,20 @@ class Member:
         page_max = hub.broker.settings.page_max_events
         q = self.conn.queue
         limit = page_max
+        ahead: PageRead | None = None  # the next page's read, started by the last turn
         try:
             while not self.closed:
+                if ahead is not None and q.nbytes > q.lag_bytes:
+                    ahead.drop(hub.replay_slots)  # about to wait: hold no page meanwhile
+                    ahead = None
                 # Paced by the client, holding no turn: a slow reader waits alone.
                 await q.wait_below(q.lag_bytes)
                 if self.closed:
                     return
-                pushed, read = await self._turn(limit)
+                # The turn owns the read ahead from here (and frees its slot).
+                taken, ahead = ahead, None
+                pushed, read, ahead = await self._turn(limit, min(page_max, 2 * limit), taken)
+                taken = None  # its task keeps the rows: hold none while we wait
                 if self.ended:
                     return
                 if pushed < read:
@@ -164,28 +178,85 @@ class Member:
         except Exception:
             log.exception("catch-up of %s failed", self.topic.key)
             self.conn.close("internal")
+        finally:
+            if ahead is not None:
+                ahead.drop(hub.replay_slots)
 
-    async def _turn(self, limit: int) -> tuple[int, int]:
-        """One replay turn: read up to `limit` events after our position and
-        push the first chunk of them; (events pushed, events read). The page
-        lives only in this call: a replay waiting for its client between turns
-        holds no events (100 stalled replays would otherwise keep 100 pages of
-        rows alive, and every full garbage collection walks them)."""
+    async def _turn(
+        self, limit: int, next_limit: int, ahead: PageRead | None
+    ) -> tuple[int, int, PageRead | None]:
+        """One replay turn: read up to `limit` events after our position (or
+        take the read `ahead` started for that) and push the first chunk of
+        them; (events pushed, events read, the read of the next page if
+        this turn started one: see replay_page.py). The page lives only in
+        this call: a replay waiting for its client between turns holds no
+        events (100 stalled replays would otherwise keep 100 pages of rows
+        alive, and every full garbage collection walks them)."""
         hub = self.topic.hub
         slots = hub.replay_slots
-        granted = await slots.acquire(self.conn.user)
+        q = self.conn.queue
+        if ahead is not None and (ahead.after, ahead.limit) != (self.position, limit):
+            ahead.drop(slots)  # not the read this turn needs (never expected)
+            ahead = None
+        granted = await slots.acquire(self.conn.user) if ahead is None else ahead.granted
+        nxt: PageRead | None = None
         try:
-            page = await self.topic.page(self.position, limit)
+            if ahead is None:
+                rows = await self.topic.rows(self.position, limit)
+            else:
+                rows = await ahead.task
+            payloads = payloads_of(rows)
             # One chunk per turn (at most the lag mark of payload): a page of
             # large events never lands in a queue at once.
-            chunk = _first_chunk(page, self.conn.queue.lag_bytes)
-            if chunk:
-                hub.metrics.replayed.inc(len(chunk))
-                for batch in contiguous(self.topic.key, chunk, self.topic.by_run):
-                    hub.metrics.events_fanned_out.inc(self._push(batch))
-            return len(chunk), len(page)
+            n = chunk_len(payloads, q.lag_bytes)
+            if n == len(rows) == limit and q.nbytes + sum(map(len, payloads)) <= q.lag_bytes:
+                # The next turn will not wait for the client: read its page
+                # while this one is built and written.
+                g = slots.try_acquire()
+                if g is not None:
+                    after = rows[-1][ROW_SEQ if self.topic.by_run else ROW_CURSOR]
+                    nxt = PageRead(self.topic.rows(after, next_limit), after, next_limit, g)
+            if n:
+                hub.metrics.replayed.inc(n)
+                pushed = self._push_rows(rows[:n] if n < len(rows) else rows, payloads[:n])
+                hub.metrics.events_fanned_out.inc(pushed)
+            return n, len(rows), nxt
+        except BaseException:
+            if nxt is not None:
+                nxt.drop(slots)
+            raise
         finally:
             slots.release(granted)
+
+    def _push_rows(self, rows: list[asyncpg.Record], payloads: list[bytes]) -> int:
+        """Push a chunk of page rows (after our position, in order); the
+        events handed to the connection. A WebSocket batch or SSE client
+        whose queue is not lagging gets the chunk as one frame built from
+        the rows; anything else takes the per-event path of live batches."""
+        topic = self.topic
+        by_run = topic.by_run
+        at = ROW_SEQ if by_run else ROW_CURSOR
+        first, last = rows[0][at], rows[-1][at]
+        conn = self.conn
+        q = conn.queue
+        mode = self.mode
+        if mode in ("ws_batch", "sse") and not q.lagging and last - first == len(rows) - 1:
+            if mode == "ws_batch":
+                frame = ws_wire(ws_events_frame(topic.key, first, payloads))
+                if not conn.write_now([frame], topic.key, last) and not q.put_frame(
+                    frame, topic.key, last
+                ):
+                    conn.overflow()
+            elif not q.put_frame(sse_text(first, payloads), topic.key, last):
+                conn.overflow()
+            self.position = last
+            if by_run and rows[-1][ROW_TYPE] == "run_end":
+                self.ended = True
+            return len(rows)
+        n = 0
+        for batch in contiguous(topic.key, [StoredEvent(*r) for r in rows], by_run):
+            n += self._push(batch)
+        return n
 
     def close(self) -> None:
         self.closed = True
@@ -218,9 +289,9 @@ class Topic:
     async def head(self) -> int:
         return await self.hub.head(self.kind, self.ident)
 
-    async def page(self, after: int, limit: int) -> list[StoredEvent]:
+    async def rows(self, after: int, limit: int) -> list[asyncpg.Record]:
         b = self.hub.broker
-        return await b.store.stream_page(
+        return await b.store.stream_rows(
             self.by_run, self.ident, after, limit, retry_s=b.settings.db_retry_s
         )
 
@@ -381,13 +452,3 @@ class Hub:
         for t in list(self._topics.values()):
             await t.close()
         self._topics.clear()
-
-
-def _first_chunk(page: list[StoredEvent], max_bytes: int) -> list[StoredEvent]:
-    """The start of `page` with at most `max_bytes` of payload (at least one event)."""
-    size = 0
-    for i, e in enumerate(page):
-        size += len(e.payload)
-        if i and size > max_bytes:
-            return page[:i]
-    return page

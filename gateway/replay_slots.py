@@ -77,6 +77,15 @@ class ReplaySlots:
                 self.release()  # granted, but the waiter is gone
             raise
 
+    def try_acquire(self) -> float | None:
+        """A turn now if a slot is free (then no one waits), else None, never
+        a wait: for a read ahead, which must not queue before anyone. A
+        grant is paired with one `release`, like `acquire`'s."""
+        if self.limit <= 0 or self.running < self.limit:
+            self.running += 1
+            return self._now()
+        return None
+
     def release(self, granted: float | None = None) -> float:
         """End a turn granted at `granted` (what `acquire` returned); returns
         how long its slot rests before the next grant (0: freed now)."""

@@ -162,6 +162,16 @@ class SendQueue:
             self._append(Item(data, batch.topic, batch.last, len(data)))
         return self.nbytes <= self.max_bytes
 
+    def put_frame(self, data: bytes, topic: str, last: int) -> bool:
+        """Queue one event frame built already (a WebSocket wire frame, or
+        SSE text) whose last event is at position `last` of `topic`: a
+        catch-up page, built in one piece (gateway/replay_page.py). False if
+        that overflows the bound."""
+        if self.closed:
+            return True
+        self._append(Item(data, topic, last, len(data)))
+        return self.nbytes <= self.max_bytes
+
     def _put_lagging(self, mode: Mode, batch: EncodedBatch, start: int) -> None:
         items = batch.items
         for i in range(start, len(items)):

@@ -180,3 +180,23 @@ async def test_a_waiter_granted_after_a_rest_gets_the_time_of_its_grant() -> Non
     assert await waiter == pytest.approx(107.010)
     assert slots.release(await waiter) == 0.0
     assert (slots.running, slots.waiting) == (0, 0)
+
+
+async def test_try_acquire_takes_only_a_free_slot_and_never_one_a_waiter_is_owed() -> None:
+    """A read ahead (gateway/replay_page.py) takes a slot only when one is
+    free now: with the slots full it gets None, and a released slot goes to
+    the waiting replay, not to it."""
+    slots = ReplaySlots(2)
+    assert slots.try_acquire() is not None
+    await slots.acquire("a")
+    assert slots.try_acquire() is None  # full
+    waiter = asyncio.create_task(slots.acquire("b"))
+    await asyncio.sleep(0)
+    slots.release()  # owed to b
+    assert slots.try_acquire() is None
+    await waiter
+    assert (slots.running, slots.waiting) == (2, 0)
+    slots.release()
+    slots.release()
+    assert slots.running == 0
+    assert ReplaySlots(0).try_acquire() is not None  # no bound
