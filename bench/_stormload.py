@@ -38,7 +38,11 @@ from ._wsload import Load, WsConn, _upgrade_request, raise_fd_limit, rss_bytes, 
 # The reconnect policy under test (see the module's docstring).
 BACKOFF_BASE_S = 0.25
 BACKOFF_MAX_S = 10.0
-_STEP_TIMEOUT_S = 30.0  # connect, hello, subscribed: each, per attempt
+# Connect, hello, subscribed: each, per attempt. It grows with the attempts
+# (30, 60, 120 s, then 240 s): a client that gives up on a busy gateway and
+# tries again only adds to its queue (seen at 100k: the storm fed itself).
+_STEP_TIMEOUT_S = 30.0
+_STEP_TIMEOUT_MAX_S = 240.0
 
 
 class Fleet:
@@ -125,7 +129,8 @@ class Resumer:
         conn = StormConn(self, request)
         loop = asyncio.get_running_loop()
         f.attempts += 1
-        async with asyncio.timeout(_STEP_TIMEOUT_S):
+        step_s = min(_STEP_TIMEOUT_MAX_S, _STEP_TIMEOUT_S * 2 ** max(0, self.attempt - 1))
+        async with asyncio.timeout(step_s):
             await loop.create_connection(
                 lambda: conn, host, port, local_addr=(src, 0) if src else None
             )
@@ -133,7 +138,7 @@ class Resumer:
             await conn.ready
             kind, _, ident = self.topic.partition(":")
             conn.send({"type": "subscribe", f"{kind}_id": ident, "after": self.cursor})
-            r = await conn.reply(_STEP_TIMEOUT_S)
+            r = await conn.reply(step_s)
         if r.get("type") != "subscribed":
             conn.close()
             raise ConnectionError(f"subscribe: {r.get('code') or r.get('type')}")
