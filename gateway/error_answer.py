@@ -45,6 +45,13 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
             if name.lower() not in ("content-type", "content-length"):
                 resp.headers.add(name, value)
         return resp
+    if isinstance(exc, ConnectionError) and _client_gone(request):
+        # Our write to a client that hung up (aiohttp's ClientConnectionResetError
+        # is a ConnectionResetError): its doing, not the store's; nobody reads
+        # the answer, and nothing is logged above debug.
+        log.debug("%s %s: the client went away", request.method, request.path)
+        return json_response({"error": {"code": "client_gone", "message": "the client went away",
+                                        "retryable": True}}, 499)  # fmt: skip
     if isinstance(exc, TRANSIENT_DB_ERRORS):
         # A connection error that got past the store: still the retryable
         # answer, and an outage is not a bug (no traceback).
@@ -56,6 +63,11 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
     return json_response(
         {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
     )
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def count(request: web.Request, status: int) -> None:

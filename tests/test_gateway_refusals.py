@@ -5,7 +5,10 @@ over a `runlog gateway` process (gateway/main.py's runner)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import struct
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,7 +17,7 @@ import pytest
 
 from broker.settings import Settings
 
-from .gw import running_gateway
+from .gw import eventually, running_gateway, session_with
 from .procs import RunlogProcess
 from .rawclient import RawHttpResponse, RawWs, http_exchange
 
@@ -131,3 +134,40 @@ async def test_no_response_names_server_versions(
             assert servers == [b"Server: runlog"], head
         finally:
             await ws.close()
+
+
+async def test_a_client_that_hangs_up_during_the_upgrade_is_not_a_storage_error(
+    settings: Settings, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upgrade's 101 written to a socket the client has reset is the
+    client's doing: before, each was logged as a warning, "answered
+    storage_unavailable" (a ConnectionResetError taken for the store's)."""
+    caplog.set_level(logging.DEBUG)
+    async with running_gateway(settings) as gw:
+        await session_with(http, gw, "alice")  # the user exists; the token is good
+        request = (
+            "GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            f"Sec-WebSocket-Protocol: runlog.v1\r\n"
+            f"Authorization: {gw.headers('alice')['Authorization']}\r\n\r\n"
+        ).encode()
+        for _ in range(10):
+            _, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            # Closed with a reset right after the request: nothing is read.
+            w.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+            w.write(request)
+            await w.drain()
+            w.transport.abort()
+
+        # Every request was handled (a reset seen only after the upgrade is a 101).
+        def answered(status: str) -> float:
+            labels = {"route": "/v1/ws", "status": status}
+            return gw.sample("runlog_gateway_http_requests_total", labels) or 0.0
+
+        await eventually(lambda: sum(answered(c) for c in ("1xx", "4xx", "5xx")) == 10)
+        assert answered("5xx") == 0
+    logged = [(r.levelname, r.name, r.getMessage()) for r in caplog.records
+              if r.levelno >= logging.WARNING and r.name.startswith(("aiohttp", "gateway"))]  # fmt: skip
+    assert logged == []
