@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-s", type=float, default=1.0, help="left out at the start (default: 1)")  # fmt: skip
     p.add_argument("--batch", action="store_true", help='clients subscribe with "batch": true')
     p.add_argument("--no-raw", action="store_true", help="skip the raw relay")
+    p.add_argument("--flush-interval-ms", type=float, default=None,
+                   help="the appender's flush_interval_ms (default: the setting's default)")  # fmt: skip
     p.add_argument("--profile-gateway", type=Path, default=None, metavar="FILE",
                    help="run the gateway under cProfile (CPU time); pstats to FILE")  # fmt: skip
 
@@ -69,7 +71,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with _lib.stack(args.work_dir) as st:
         versions = await _lib.server_versions(st)
         meter = Meter(st)
-        b = await _gw.connect_broker(st)
+        overrides = {} if args.flush_interval_ms is None else {
+            "flush_interval_ms": args.flush_interval_ms}  # fmt: skip
+        b = await _gw.connect_broker(st, **overrides)
         gw = await GatewayProc(st, profile=args.profile_gateway, **NO_CONNECTION_CAPS).start()
         raw = None if args.no_raw else await RawServerProc(nats_url=st.nats_url).start()
         load = await LoadProc().start()

@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-s", type=float, default=10.0, help="measured window (default: 10)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: stop,start,load")
     p.add_argument("--no-raw", action="store_true", help="skip the raw measurements")
+    p.add_argument("--flush-interval-ms", type=float, default=None,
+                   help="the scripted worker's (and part 3 raw's) flush_interval_ms "
+                        "(default: the setting's default)")  # fmt: skip
     p.add_argument("--profile-worker", type=Path, default=None, metavar="FILE",
                    help="run the scripted worker (parts 2 and 3) under cProfile (CPU time); "
                         "stats written to FILE when it stops; its figures are then inflated")  # fmt: skip
@@ -76,7 +79,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with _lib.stack(args.work_dir) as st:
         versions = await _lib.server_versions(st)
         meter = Meter(st)
-        b = await _gw.connect_broker(st)
+        flush = (
+            {} if args.flush_interval_ms is None else {"flush_interval_ms": args.flush_interval_ms}
+        )
+        b = await _gw.connect_broker(st, **flush)
         try:
             if "stop" not in skip:
                 await _stop_part(st, b, meter, args, per_trial)
@@ -237,9 +243,10 @@ async def _scripted_parts(
     st: Stack, b: Broker, meter: Meter, args: argparse.Namespace,
     per_trial: list[dict[str, Any]], skip: set[str],
 ) -> None:  # fmt: skip
+    flush = {} if args.flush_interval_ms is None else {"flush_interval_ms": args.flush_interval_ms}
     wk = await WorkerProc(
         st, concurrency=max(args.runs, 8), model_adapter="scripted",
-        scripted_tokens_per_s=args.tokens_per_s,
+        scripted_tokens_per_s=args.tokens_per_s, **flush,
     ).profiled(args.profile_worker).start()  # fmt: skip
     gw = await GatewayProc(st, None, **NO_CONNECTION_CAPS).start() if "start" not in skip else None
     meter.add("worker", wk.pid)

@@ -19,6 +19,15 @@ block or await; an exception from it is logged and the message dropped (a
 live-feed reader fills what it missed from PostgreSQL), never raised into
 the reader, which would treat it as a protocol error and reconnect.
 
+A *reply* subscription (`subscribe_replies`) is the same with the message's
+subject and raw headers passed too: the live publish's JetStream acks
+(broker/bus.py), one per published message, which nats-py's own
+`publish_async` takes through a callback subscription's task and queue,
+parses as JSON into a dataclass and resolves through a done callback: about
+as much work again as the publish. `publish_headed` writes an HPUB whose
+header block the caller built once (nats-py builds and checks it from a dict
+on every publish), with `publish`'s own checks and flush hand-off.
+
 `flush()` is PING, then wait for the PONG: the server has processed all
 that was sent before. nats-py 2.16 writes the PING straight to the socket
 (`Client._send_ping`), ahead of what is still in its pending buffer, so its
@@ -35,9 +44,11 @@ import inspect
 import logging
 from collections.abc import Callable
 
+from nats import errors
 from nats.aio.client import PING_PROTO
 from nats.aio.client import Client as _NatsClient
 from nats.aio.subscription import Subscription
+from nats.protocol.command import hpub_cmd
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,15 @@ assert list(inspect.signature(_NatsClient._remove_sub).parameters) == [
 assert list(inspect.signature(_NatsClient._send_ping).parameters) == [
     "self", "future"
 ], "nats-py changed Client._send_ping"  # fmt: skip
+assert list(inspect.signature(_NatsClient._send_command).parameters) == [
+    "self", "cmd", "priority"
+], "nats-py changed Client._send_command"  # fmt: skip
+assert list(inspect.signature(_NatsClient._flush_pending).parameters) == [
+    "self", "force_flush"
+], "nats-py changed Client._flush_pending"  # fmt: skip
+
+# A reply subscription's handler: (subject, data, raw headers or None).
+ReplyHandler = Callable[[bytes, bytes, "bytes | None"], None]
 
 
 class Client(_NatsClient):
@@ -59,6 +79,7 @@ class Client(_NatsClient):
         super().__init__()
         assert isinstance(self._subs, dict) and "in_msgs" in self.stats, "nats-py changed Client"
         self._direct: dict[int, Callable[[bytes], None]] = {}
+        self._replies: dict[int, ReplyHandler] = {}
 
     async def subscribe_direct(
         self, subject: str, handler: Callable[[bytes], None]
@@ -69,6 +90,34 @@ class Client(_NatsClient):
         assert isinstance(sub._id, int) and self._subs.get(sub._id) is sub, "nats-py changed"
         self._direct[sub._id] = handler
         return sub
+
+    async def subscribe_replies(self, subject: str, handler: ReplyHandler) -> Subscription:
+        """Like `subscribe_direct`, for replies: `handler(subject, data, headers)`,
+        headers raw (a status line such as `NATS/1.0 503` for no responders)."""
+        sub = await self.subscribe(subject)
+        assert isinstance(sub._id, int) and self._subs.get(sub._id) is sub, "nats-py changed"
+        self._replies[sub._id] = handler
+        return sub
+
+    async def publish_headed(self, subject: str, reply: str, hdr: bytes, payload: bytes) -> None:
+        """`publish(subject, payload, reply, headers)` with the header block
+        already encoded: the `NATS/1.0` line, `Key: value` lines, a blank line."""
+        if self.is_closed:
+            raise errors.ConnectionClosedError
+        if self.is_draining_pubs:
+            raise errors.ConnectionDrainingError
+        size = len(payload)
+        if not self.is_connected and (
+            self._max_pending_size <= 0 or size + self._pending_data_size > self._max_pending_size
+        ):
+            raise errors.OutboundBufferLimitError
+        if size > self._max_payload:
+            raise errors.MaxPayloadError
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += size
+        await self._send_command(hpub_cmd(subject, reply, hdr, payload))
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
 
     async def _send_ping(self, future: asyncio.Future[bool] | None = None) -> None:
         # Behind what is pending, so that its PONG means all of it arrived.
@@ -84,6 +133,7 @@ class Client(_NatsClient):
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         # nats-py's one way out for a subscription (unsubscribe, drain).
         self._direct.pop(sid, None)
+        self._replies.pop(sid, None)
         super()._remove_sub(sid, max_msgs)
 
     async def _process_msg(
@@ -91,7 +141,16 @@ class Client(_NatsClient):
     ) -> None:
         handler = self._direct.get(sid)
         if handler is None:
-            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            replies = self._replies.get(sid)
+            if replies is None:
+                await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+                return
+            self.stats["in_msgs"] += 1
+            self.stats["in_bytes"] += len(data)
+            try:
+                replies(subject, data, headers)
+            except Exception:
+                log.exception("reply handler failed on %s", subject.decode(errors="replace"))
             return
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)

@@ -6,6 +6,11 @@ down, backlog dropped). Subscribers therefore dedupe by position and fill
 holes from PostgreSQL; the live feed only makes delivery fast, never decides
 what the log holds.
 
+Each live message is published with a reply subject, so JetStream acks it
+(the appender retries one not acked, and measures commit → ack). The acks
+come back to one reply subscription of the bus (`_Acks`): no task, queue,
+JSON parse or done callback per ack, as nats-py's `publish_async` has.
+
 One live message carries one run's slice of one committed micro-batch: its
 events' JSON (as stored), the first `seq` and first session `cursor` (both are
 contiguous within the slice), and whether the slice ends the run.
@@ -33,6 +38,7 @@ log = logging.getLogger(__name__)
 
 # NATS' default max_payload is 1 MiB; a slice stays well under it.
 MAX_SLICE_BYTES = 512 * 1024
+_MSG_ID_LINE = f"{C.MSG_ID_HEADER}: ".encode()
 # How long a starting process waits for JetStream to accept its streams (a
 # cluster electing its meta leader takes a few seconds).
 STREAMS_READY_TIMEOUT_S = 30.0
@@ -53,6 +59,66 @@ _batch_encoder = msgspec.json.Encoder()
 _batch_decoder = msgspec.json.Decoder(LiveBatch)
 
 
+class _PubAck(msgspec.Struct):
+    """JetStream's reply to a publish: the stored message's stream seq, or an error."""
+
+    seq: int = 0
+    error: dict[str, object] | None = None
+
+
+_ack_decoder = msgspec.json.Decoder(_PubAck)
+# Past this many unanswered entries, the ones already done (cancelled by a
+# publisher that gave up on them) are dropped.
+_ACKS_SWEEP_AT = 4096
+
+
+class _Acks:
+    """The futures of live publishes waiting for their JetStream ack, by the
+    token that ends their reply subject (`<inbox>.<token>`)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._plen = len(prefix)
+        self._n = 0
+        self._waiting: dict[int, asyncio.Future[int]] = {}
+
+    def expect(self) -> tuple[str, asyncio.Future[int]]:
+        """A reply subject and the future its ack resolves."""
+        if len(self._waiting) >= _ACKS_SWEEP_AT:
+            self._waiting = {k: f for k, f in self._waiting.items() if not f.done()}
+        self._n += 1
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting[self._n] = fut
+        return f"{self.prefix}{self._n}", fut
+
+    def on_reply(self, subject: bytes, data: bytes, headers: bytes | None) -> None:
+        try:
+            fut = self._waiting.pop(int(subject[self._plen :]))
+        except (KeyError, ValueError):
+            return  # answered already, or not ours
+        if fut.done():
+            return
+        if not data:
+            # A status-only reply: 503, no stream takes the subject.
+            fut.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            ack = _ack_decoder.decode(data)
+        except msgspec.DecodeError as e:
+            fut.set_exception(nats.js.errors.APIError(description=f"bad publish ack: {e}"))
+            return
+        if ack.error is not None:
+            try:
+                nats.js.errors.APIError.from_error(ack.error)
+            except nats.js.errors.APIError as e:
+                fut.set_exception(e)
+            return
+        fut.set_result(ack.seq)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
 def encode_batch(batch: LiveBatch) -> bytes:
     return _batch_encoder.encode(batch)
 
@@ -66,6 +132,7 @@ class Bus:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
+        self._acks: _Acks | None = None
 
     @classmethod
     async def connect(cls, url: str, settings: Settings, *, name: str = "runlog") -> Bus:
@@ -158,14 +225,24 @@ class Bus:
                 log.info("JetStream not ready for stream %s (%r); retrying", cfg.name, e)
                 await asyncio.sleep(0.5)
 
-    async def publish_live(
-        self, subject: str, data: bytes, msg_id: str
-    ) -> asyncio.Future[api.PubAck]:
-        """Send one live-feed message; the returned future resolves on the ack."""
-        # No wait_stall: with it nats-py wraps each publish in wait_for (a task
-        # and a loop turn per message), which halves publish throughput. The
-        # appender never has more than 256 in flight, far under nats-py's cap.
-        return await self.js.publish_async(subject, data, headers={C.MSG_ID_HEADER: msg_id})
+    async def publish_live(self, subject: str, data: bytes, msg_id: str) -> asyncio.Future[int]:
+        """Send one live-feed message (deduplicated by `msg_id`); the returned
+        future resolves with its stream seq when JetStream acks it, or fails
+        (no stream, an API error). It never times out: the caller cancels it."""
+        if self._acks is None:
+            acks = _Acks(self.nc.new_inbox() + ".")
+            # Before any publish on this connection: its acks cannot overtake
+            # the SUB. (The appender's publish loop is the only caller.)
+            await self.nc.subscribe_replies(acks.prefix + "*", acks.on_reply)
+            self._acks = acks
+        reply, fut = self._acks.expect()
+        hdr = b"NATS/1.0\r\n" + _MSG_ID_LINE + msg_id.encode() + b"\r\n\r\n"
+        try:
+            await self.nc.publish_headed(subject, reply, hdr, data)
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut
 
     async def enqueue_job(self, job: control.RunJob) -> None:
         await self.js.publish(

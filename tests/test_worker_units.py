@@ -3,6 +3,7 @@ registry, checkpoints, the adapter factory."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import msgspec
@@ -11,7 +12,7 @@ import pytest
 from broker import errors
 from broker.settings import Settings
 from workers.adapters.factory import make_adapter
-from workers.adapters.scripted import ScriptedAdapter, tokens
+from workers.adapters.scripted import ScriptedAdapter, _Ticks, tokens
 from workers.model import (
     Finish,
     Message,
@@ -90,6 +91,47 @@ async def test_scripted_keywords() -> None:
     with pytest.raises(ModelError) as info:
         await _turn([Message(role="user", content="please fail model")])
     assert (info.value.code, info.value.retryable) == ("model_unavailable", True)
+
+
+async def test_scripted_paced_turns_share_timers_and_a_stop_stops_only_its_own() -> None:
+    """Paced turns of one adapter sleep on shared per-slot timers: every token
+    still comes no earlier than its schedule (the n-th, from 0, (n + 1) /
+    tokens_per_s after the turn started), and cancelling one turn mid-sleep leaves the others sleeping in
+    the same slots to finish (a shared future would cancel them all)."""
+    rate = 200.0
+    adapter = ScriptedAdapter(tokens_per_s=rate)
+    loop = asyncio.get_running_loop()
+    request = ModelRequest(messages=[Message(role="user", content="echo: " + "a " * 20)])
+
+    async def play() -> list[float]:
+        times = []
+        async for item in adapter.stream(request):
+            if isinstance(item, TextChunk):
+                times.append(loop.time())
+        return times
+
+    start = loop.time()
+    turns = [asyncio.create_task(play()) for _ in range(5)]
+    victim = asyncio.create_task(play())
+    await asyncio.sleep(0.03)  # all of them sleeping between tokens
+    victim.cancel()
+    done = await asyncio.wait_for(asyncio.gather(*turns), 30)
+    with pytest.raises(asyncio.CancelledError):
+        await victim
+    for times in done:
+        assert len(times) == 20
+        for n, t in enumerate(times):
+            assert t >= start + (n + 1) / rate, (n, t - start)
+
+
+async def test_ticks_sleepers_of_one_slot_are_cancelled_one_by_one() -> None:
+    loop = asyncio.get_running_loop()
+    ticks = _Ticks()
+    when = loop.time() + 0.02
+    a, b, c = ticks.until(when), ticks.until(when), ticks.until(when + 0.0001)
+    a.cancel()
+    await asyncio.wait_for(asyncio.gather(b, c), 10)
+    assert loop.time() >= when and a.cancelled()
 
 
 def test_load_tools_by_import_path() -> None:
