@@ -318,13 +318,24 @@ async def _write(writers: list[RunWriter], rate: float, stop: asyncio.Event,
 async def _wait_all_live(
     loads: list[StormLoadProc], n: int, timeout_s: float
 ) -> list[dict[str, Any]]:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            status = [await ld.call("status") for ld in loads]
-            live = sum(s["live"] for s in status)
-            if live == n and all(s["losses"] for s in status):
-                return status
-            await asyncio.sleep(0.2)
+    """Until every client is live again; a line of progress every 10 s (live,
+    connect attempts, failed ones and why), and the last one on the timeout."""
+    t0 = next_line = time.monotonic()
+    while True:
+        status = [await ld.call("status") for ld in loads]
+        live = sum(s["live"] for s in status)
+        if live == n and all(s["losses"] for s in status):
+            return status
+        now = time.monotonic()
+        if now >= next_line or now - t0 > timeout_s:
+            errs = sorted(_merge([s["errors"] for s in status]).items(), key=lambda kv: -kv[1])
+            progress(f"scale: {now - t0:.0f} s: {live:,} of {n:,} live; "
+                     f"{sum(s['attempts'] for s in status):,} attempts, "
+                     f"{sum(s['failed_attempts'] for s in status):,} failed {errs[:4]}")  # fmt: skip
+            next_line = now + 10
+            if now - t0 > timeout_s:
+                raise SystemExit(f"scale: not every client live again within {timeout_s:.0f} s")
+        await asyncio.sleep(0.2)
 
 
 async def _wait_checked(loads: list[StormLoadProc], heads: dict[str, int],

@@ -597,7 +597,7 @@ async def test_silent_connection_is_dropped_after_the_heartbeat_timeout_and_resu
 # The client's rules against fake sockets, in the browser: the paths the
 # end-to-end tests above cannot provoke on demand (reauth, stop, batches).
 _CLIENT_RULES_JS = """async () => {
-  const { RunlogClient, backoffDelay } = await import("/static/runlog-client.js");
+  const { RunlogClient, backoffDelay, connectTimeout } = await import("/static/runlog-client.js");
   const tick = (ms = 0) => new Promise((r) => setTimeout(r, ms));
   const until = async (cond, what) => {
     const t0 = Date.now();
@@ -609,6 +609,7 @@ _CLIENT_RULES_JS = """async () => {
   const out = {};
   out.backoffMax = [0, 1, 2, 3, 10, 40].map((a) => backoffDelay(a, { baseMs: 250, maxMs: 10000 }, () => 0.999999));
   out.backoffMin = backoffDelay(5, {}, () => 0);
+  out.connectTimeouts = [0, 1, 2, 3, 4, 10].map((a) => connectTimeout(a, 10000));
 
   const sockets = [];
   class FakeWS {
@@ -808,6 +809,8 @@ async def test_client_rules_with_fake_sockets(cluster: Cluster, pages: Pages) ->
     out = await page.evaluate(_CLIENT_RULES_JS)
     assert out["backoffMax"] == [249, 499, 999, 1999, 9999, 9999]
     assert out["backoffMin"] == 0
+    # A first attempt and the first reconnect wait 10 s for hello, later ones longer.
+    assert out["connectTimeouts"] == [10000, 10000, 20000, 40000, 80000, 80000]
     assert out["first"]["url"] == "ws://gw-a/v1/ws"
     assert out["first"]["protocols"] == ["runlog.v1", "bearer.tok1"]
     assert out["first"]["sent"][0] == {

@@ -65,6 +65,17 @@ export function backoffDelay(attempt, { baseMs = 250, maxMs = 10000 } = {}, rand
   return Math.floor(random() * cap);
 }
 
+/**
+ * How long a connect attempt waits for `hello`: `baseMs`, doubled with each
+ * failed attempt in a row up to 8 times it. In a reconnect storm (a gateway
+ * fleet restarted under many clients) the gateways answer slowly; a client
+ * that gave up at a fixed bound and came back only queued its handshake
+ * again (docs/performance.md, "100k connections").
+ */
+export function connectTimeout(attempt, baseMs = 10000) {
+  return baseMs * 2 ** Math.min(Math.max(attempt - 1, 0), 3);
+}
+
 /** The claims of a JWT (unverified: for display and expiry checks only), or null. */
 export function tokenClaims(token) {
   try {
@@ -178,6 +189,7 @@ export class RunlogClient {
    * @param {number} [o.sseFallbackAfter=3]  failed WebSocket attempts in a row before SSE
    * @param {number} [o.backoffBaseMs=250]  @param {number} [o.backoffMaxMs=10000]
    * @param {number} [o.connectTimeoutMs=10000]  no `hello` by then counts as a failure
+   *   (doubled with each failed attempt in a row, up to 8 times: see connectTimeout)
    * @param {number} [o.heartbeatS]  override the server's heartbeat_s
    * @param {number} [o.wsRetryMs=30000]  in SSE mode, how often to try the WebSocket again
    */
@@ -281,7 +293,8 @@ export class RunlogClient {
       queueMicrotask(() => this._onClosed(conn, { code: 1006, reason: String(e) }));
       return;
     }
-    conn.connectTimer = setTimeout(() => this._drop(conn, "no hello in time"), this.connectTimeoutMs);
+    conn.connectTimer = setTimeout(
+      () => this._drop(conn, "no hello in time"), connectTimeout(this._attempt, this.connectTimeoutMs));
     conn.ws.onmessage = (m) => this._onMessage(conn, m);
     conn.ws.onclose = (ev) => this._onClosed(conn, ev);
     conn.ws.onerror = () => {}; // a close event follows
