@@ -59,6 +59,7 @@ STATEMENTS = {
     "full": log._APPEND,
     "nolock": _variant(_LOCK, "SELECT session_id FROM per_session"),
     "lastseq": _variant(_CASES, "\n"),
+    "mat": _variant("WITH u AS (", "WITH u AS MATERIALIZED ("),
     "noany": _variant("runs.run_id = ANY($1::text[])\n        AND ", ""),
 }
 # Parts alone, each its own statement and commit: (sql, which of seq/cursor it advances).
