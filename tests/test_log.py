@@ -83,6 +83,40 @@ async def test_concurrent_runs_are_contiguous_per_run_and_per_session(broker: Br
     assert total == n_runs * n_events
 
 
+async def test_one_flush_of_mixed_runs_stores_every_payload_byte_exact(broker: Broker) -> None:
+    """One flush statement carries every run's slice: payloads of every size
+    (empty delta, multi-byte UTF-8, JSON and array-literal syntax, "NULL")
+    and one run's run_end among the other runs' deltas come back exactly,
+    each with its own run, seq and type."""
+    store = broker.store
+    sid = await store.create_session("alice")
+    writers = [await broker.claim(await store.create_run(sid, "alice"), "w-test") for _ in range(3)]
+    deltas = ["", "NULL", '{a,"b"}\\ ,', "\u00e9t\u00e9 \u6f22\u5b57 \U0001f600", "x" * 5000]
+    appended: list[tuple[str, int, bytes]] = []
+    for i, d in enumerate(deltas):
+        for w in writers[:2]:
+            seq = await w.append(events.TextDelta(message_id="m1", delta=d))
+            appended.append((w.run_id, seq, d.encode()))
+        if i == 2:
+            await writers[2].append(events.RunEnd(status="aborted"))
+    await asyncio.gather(*(w.flush() for w in writers))
+    assert sample(broker.metrics, "runlog_append_batch_events_count") == 1.0
+    rows = await store.pool.fetch(
+        "SELECT run_id, seq, type, payload FROM events WHERE session_id = $1 ORDER BY cursor", sid
+    )
+    stored = {
+        (r["run_id"], r["seq"]): (r["type"], events.decode_stored(r["payload"])) for r in rows
+    }
+    assert len(stored) == len(appended) + 1
+    for run_id, seq, delta in appended:
+        kind, ev = stored[(run_id, seq)]
+        assert kind == "text_delta" and isinstance(ev, events.TextDelta)
+        assert (ev.run_id, ev.seq, ev.delta.encode()) == (run_id, seq, delta)
+    kind, end = stored[(writers[2].run_id, 1)]
+    assert kind == "run_end" and isinstance(end, events.RunEnd) and end.status == "aborted"
+    assert (await store.get_run(writers[2].run_id)).status == "aborted"
+
+
 async def test_stale_epoch_writer_is_refused_and_appends_nothing(broker: Broker) -> None:
     _, run_id = await new_run(broker.store)
     old = await broker.claim(run_id, "worker-a")
