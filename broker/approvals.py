@@ -33,7 +33,8 @@ from .fence import as_owner
 _COLUMNS = """a.approval_id, a.run_id, r.session_id, a.tool_call_id, a.summary,
     (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms,
     a.decision, a.decided_by,
-    (extract(epoch FROM a.decided_at) * 1000)::bigint AS decided_at_ms, a.comment"""
+    (extract(epoch FROM a.decided_at) * 1000)::bigint AS decided_at_ms, a.comment,
+    a.call_digest"""
 
 
 class ApprovalInfo(NamedTuple):
@@ -47,6 +48,7 @@ class ApprovalInfo(NamedTuple):
     decided_by: str | None
     decided_at_ms: int | None
     comment: str
+    call_digest: str  # what the approver was shown (migration 0007); "" before it
 
 
 async def create(
@@ -58,6 +60,7 @@ async def create(
     tool_call_id: str,
     summary: str,
     expires_at_ms: int,
+    call_digest: str = "",
 ) -> None:
     """Store a new approval for the run (fenced by `epoch`). Creating the same
     id again is a no-op, so a create whose reply was lost can be retried."""
@@ -65,13 +68,15 @@ async def create(
         pool,
         run_id,
         epoch,
-        "INSERT INTO approvals (approval_id, run_id, tool_call_id, summary, expires_at)"
-        " SELECT $3, run_id, $4, $5, to_timestamp($6::float8 / 1000) FROM owner"
+        "INSERT INTO approvals (approval_id, run_id, tool_call_id, summary, expires_at,"
+        " call_digest)"
+        " SELECT $3, run_id, $4, $5, to_timestamp($6::float8 / 1000), $7 FROM owner"
         " ON CONFLICT (approval_id) DO NOTHING RETURNING 1",
         approval_id,
         tool_call_id,
         summary,
         expires_at_ms,
+        call_digest,
     )
 
 
@@ -91,25 +96,36 @@ async def decide(
     decision: str,
     decided_by: str,
     comment: str = "",
+    call_digest: str = "",
 ) -> tuple[ApprovalInfo, bool]:
     """Store a decision. Returns (the stored approval, whether this call decided it).
-    On a connection in a transaction, the decision commits with that transaction."""
+    On a connection in a transaction, the decision commits with that transaction.
+    With `call_digest` (the one the approver was shown), a decision for an
+    approval bound to another call gets ApprovalStale and stores nothing."""
     if decision not in ("approve", "reject"):
         raise errors.ClientError("decision must be 'approve' or 'reject'")
     row = await db.fetchrow(
         f"""WITH d AS (
             UPDATE approvals SET decision = $2, decided_by = $3, decided_at = now(), comment = $4
             WHERE approval_id = $1 AND decision IS NULL AND expires_at > now()
+              AND ($5 = '' OR call_digest = $5)
             RETURNING *)
         SELECT {_COLUMNS} FROM d a JOIN runs r USING (run_id)""",
         approval_id,
         decision,
         decided_by,
         comment,
+        call_digest,
     )
     if row is not None:
         return ApprovalInfo(*row), True
     stored = await get(db, approval_id)
+    if call_digest and stored.call_digest != call_digest:
+        raise errors.ApprovalStale(
+            f"approval {approval_id} guards another tool call than the one shown "
+            "(its arguments changed): decide it again from what it shows now",
+            extra={"call_digest": stored.call_digest},
+        )
     if stored.decision is None or stored.decision == "expired":
         raise errors.ApprovalExpired(f"approval {approval_id} expired")
     if stored.decision == decision:

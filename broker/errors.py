@@ -121,6 +121,13 @@ class ApprovalConflict(Conflict):
     code = "approval_conflict"
 
 
+class ApprovalStale(Conflict):
+    """The decision was made for a tool call the approval no longer guards
+    (the digest the approver saw differs); `call_digest` carries the current one."""
+
+    code = "approval_stale"
+
+
 class ApprovalExpired(ClientError):
     code = "approval_expired"
     http_status = 410

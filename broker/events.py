@@ -112,6 +112,9 @@ class ApprovalRequired(Event, tag="approval_required"):
     tool_call_id: str
     summary: str = ""
     expires_at: int = 0  # ms since the epoch
+    # SHA-256 (hex) of the tool call shown (workers/binding.py): a decision
+    # may carry it back, and is refused (approval_stale) if it changed.
+    call_digest: str = ""
 
 
 class ApprovalDecided(Event, tag="approval_decided"):

@@ -136,12 +136,19 @@ class Broker:
         return first
 
     async def decide(
-        self, approval_id: str, decision: str, decided_by: str, comment: str = ""
+        self,
+        approval_id: str,
+        decision: str,
+        decided_by: str,
+        comment: str = "",
+        call_digest: str = "",
     ) -> tuple[ApprovalInfo, bool]:
         """Store a decision (first one wins) and its audit row in one transaction,
         then send it to the run's owner. A repeat stores and audits nothing."""
         async with self.store.pool.acquire() as conn, conn.transaction():
-            info, created = await approvals.decide(conn, approval_id, decision, decided_by, comment)
+            info, created = await approvals.decide(
+                conn, approval_id, decision, decided_by, comment, call_digest
+            )
             if created:
                 await self.store.audit(
                     decided_by, f"approval_{decision}", session_id=info.session_id,

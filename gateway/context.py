@@ -151,7 +151,13 @@ class Gateway:
         return run_id, len(ahead)
 
     async def decide(
-        self, user: str, approval_id: str, decision: str, comment: str, run_id: str | None = None
+        self,
+        user: str,
+        approval_id: str,
+        decision: str,
+        comment: str,
+        run_id: str | None = None,
+        call_digest: str = "",
     ) -> dict[str, object]:
         """Shared by REST and WebSocket: role check, then the single decision.
 
@@ -176,7 +182,9 @@ class Gateway:
         await auth.require_role(
             self.broker.store, info.session_id, user, auth.ACT, "decide approvals"
         )
-        stored, created = await self.broker.decide(approval_id, decision, user, comment)
+        stored, created = await self.broker.decide(
+            approval_id, decision, user, comment, call_digest
+        )
         return {"approval": stored._asdict(), "created": created}
 
     # -- drain

@@ -28,6 +28,8 @@ Text = Annotated[str, msgspec.Meta(max_length=4000, pattern=NO_NUL)]
 LongText = Annotated[str, msgspec.Meta(max_length=32000, pattern=NO_NUL)]
 ShortText = Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)]
 Ref = Annotated[str, msgspec.Meta(max_length=64, pattern=NO_NUL)]
+# An approval's call digest (SHA-256, hex), or "" for none given.
+Digest = Annotated[str, msgspec.Meta(pattern=r"^(|[0-9a-f]{64})$")]
 
 MAX_COUNT = 2**63 - 1  # PostgreSQL's bigint: cursors are stored as one
 Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]

@@ -29,6 +29,7 @@ Ref = inputs.Ref
 # malformed id gets the answer an unknown one gets (`not_a_member`).
 Id = str
 Cursor = inputs.Count
+Digest = inputs.Digest
 Text = inputs.Text  # no NUL (see inputs.py)
 
 
@@ -61,6 +62,7 @@ class DecideMsg(_Msg, tag="decide"):
     approval_id: Id
     decision: Literal["approve", "reject"]
     comment: Text = ""
+    call_digest: Digest = ""  # what the approver was shown; approval_stale if it changed
 
 
 class Ping(_Msg, tag="ping"):

@@ -17,6 +17,7 @@ from broker.store import StoredEvent, StreamPolicy
 from . import auth, inputs, sse
 from .context import GATEWAY, Gateway, json_response
 
+Digest = inputs.Digest
 Text = inputs.Text  # no NUL in any text field (see inputs.py)
 UserId = Annotated[
     str, msgspec.Meta(min_length=1, max_length=ids.USER_ID_MAX_CHARS, pattern=inputs.NO_NUL)
@@ -75,6 +76,7 @@ class InterruptBody(_Body):
 class DecideBody(_Body):
     decision: Literal["approve", "reject"]
     comment: Text = ""
+    call_digest: Digest = ""  # what the approver was shown; 409 approval_stale if it changed
 
 
 class InvalidRequest(errors.ClientError):
@@ -363,6 +365,11 @@ async def decide_approval(request: web.Request) -> web.Response:
     approval_id = request.match_info["approval_id"]
     body = await read_body(request, DecideBody, gw)
     result = await gw.decide(
-        p.user, approval_id, body.decision, body.comment, run_id=request.match_info["run_id"]
+        p.user,
+        approval_id,
+        body.decision,
+        body.comment,
+        run_id=request.match_info["run_id"],
+        call_digest=body.call_digest,
     )
     return json_response(result, 201 if result["created"] else 200)

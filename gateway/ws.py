@@ -181,7 +181,10 @@ class WsClient(Connection):
                 first = await self.gw.broker.interrupt(msg.run_id, self.user, msg.reason)
                 self.reply("ack", ref=msg.ref, result={"run_id": msg.run_id, "first": first})
             case protocol.DecideMsg():
-                result = await self.gw.decide(self.user, msg.approval_id, msg.decision, msg.comment)
+                result = await self.gw.decide(
+                    self.user, msg.approval_id, msg.decision, msg.comment,
+                    call_digest=msg.call_digest,
+                )  # fmt: skip
                 self.reply("ack", ref=msg.ref, result=result)
 
     def authenticate(self, token: str) -> None:

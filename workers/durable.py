@@ -8,7 +8,14 @@ owner's epoch with the seq the log ended at:
 |---|---|
 | retryable step | one, `done`, after `fn` returned and its events were flushed |
 | step with `retryable=False` | `started` before `fn` runs, `done` after |
-| approval | `started` (its id, expiry) before the approval is created and `approval_required` appended, `done` with the decision after `approval_decided` |
+| approval | `started` (its id, expiry, call digest) before the approval is created and `approval_required` appended, `done` with the decision after `approval_decided` |
+| `tool_result` outside a step | one, `done` (named `runlog:tool_result`, the result as stored), after it was flushed |
+
+A `tool_result` is a durable point because it says a side effect happened:
+a takeover after it must not find it in the tail (which it could only
+retract by running the tool again). On a replay it is compared with the
+stored one, and a tool result that made it into the log just before its
+row (a kill in between) is verified against the replayed one the same way.
 
 Replay (`prepare`, then the agent from the top): while the agent has not
 passed the last row, steps return their stored values, approvals their
@@ -19,6 +26,12 @@ retracted by `prepare` (`resume.py`). The last row may be open:
 - an approval still waited for: the replay reaches it and waits again (or
   finds the decision in the log), never asking twice;
 - a `retryable=False` step that started: the run fails `step_interrupted`.
+
+An approval is bound to the tool call it guards (`binding.py`): its row
+holds the digest of the call as this execution emitted it. A replay that
+emits that call again with another name or other arguments fails the run
+`agent_nondeterministic` at the approval, before the agent can act on the
+stored decision; so does a replayed tool result that differs from the log's.
 
 Ids from `new_id` hash (run, operation index, the epoch that ran that part
 of the agent, a counter), so a replay gives the same ones.
@@ -38,9 +51,10 @@ from broker.steps import StepRecord
 from broker.store import retry_transient
 
 from .api import ChatMessage, Decision, encode_result, stable_id
+from .binding import Calls, summary_digest
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure
-from .resume import read_tail, retract, unretractable
+from .resume import RETRACTED, read_tail, retract, unretractable
 from .signals import DecisionInfo
 from .toolstep import wait_decision
 
@@ -67,6 +81,11 @@ class _ApprovalRow(msgspec.Struct, kw_only=True):
     decision: str = ""
     decided_by: str = ""
     comment: str = ""
+    call_digest: str = ""  # binding.py; "" in rows from before it
+
+
+# The durable point a tool_result outside a step is (a name no step may have).
+RESULT_STEP = "runlog:tool_result"
 
 
 _step_decoder = msgspec.json.Decoder(_StepResult)
@@ -86,6 +105,10 @@ class Journal:
         self._in_step = False
         # For an open approval that ends the records: what of it the log holds.
         self._tail: list[events.AnyEvent] = []
+        self._calls = Calls()  # the tool calls this execution emitted
+        # A tool_result the tail starts with (appended, its row not written
+        # before the owner died): the replay must emit it again, the same.
+        self._logged_result: events.ToolResult | None = None
 
     @classmethod
     async def load(cls, ctx: RunContext) -> Journal:
@@ -119,10 +142,18 @@ class Journal:
             )
         tail = await read_tail(ctx.store, ctx.run.run_id, last.seq if last is not None else 1)
         approval_id = _approval_of(last).approval_id if waiting and last is not None else ""
+        if not waiting:
+            first = next((e for e in tail if not isinstance(e, events.Status)), None)
+            if isinstance(first, events.ToolResult) and first.summary != RETRACTED:
+                # Died between a tool result's append and its row: the
+                # replay emits it again, and it is checked (emit).
+                self._logged_result = first
+                tail = [e for e in tail if e is not first]
+                ctx.resulted.add(first.tool_call_id)
         reason = unretractable(tail, approval_id=approval_id)
         if reason is not None:
-            log.info("run %s: cannot be resumed (%s)", ctx.run.run_id, reason)
-            raise RunFailure("worker_lost")
+            log.warning("run %s: cannot be resumed (%s)", ctx.run.run_id, reason)
+            raise RunFailure("worker_lost", f"the run cannot be resumed: {reason}")
         self._tail = tail
         for ev in tail:
             if isinstance(ev, events.ToolCallStart):
@@ -138,11 +169,62 @@ class Journal:
         ctx = self.ctx
         if isinstance(event, events.ToolCallStart):
             ctx.opened.append(event.tool_call_id)
+            self._calls.start(event.tool_call_id, event.tool_name)
+        elif isinstance(event, events.ToolArgsDelta):
+            self._calls.args(event.tool_call_id, event.partial_json)
         elif isinstance(event, events.ToolResult):
             ctx.resulted.add(event.tool_call_id)
+            if not self._in_step:
+                return await self._result_point(event)
+        if not isinstance(event, events.Status | events.Progress):
+            self._check_logged_result(f"a {event.__struct_config__.tag}")
         if self.replaying:
             return  # in the log already
         await self._ours(ctx.append(event))
+
+    async def _result_point(self, event: events.ToolResult) -> None:
+        """A tool_result outside a step: a durable point (see the module doc)."""
+        idx = self.idx
+        blob = msgspec.json.encode([event.tool_call_id, event.status, event.summary, event.output])
+        if self.replaying:
+            rec = self._expect(idx, "step", RESULT_STEP)
+            if rec.result != blob:
+                self._diverged(f"the tool result for {event.tool_call_id} differs from the log's")
+            self._advance()
+            return
+        ctx = self.ctx
+        logged = self._logged_result
+        if logged is not None:
+            self._logged_result = None
+            same = (logged.tool_call_id, logged.status, logged.summary, logged.output)
+            if same != (event.tool_call_id, event.status, event.summary, event.output):
+                self._diverged(
+                    f"the tool result at seq {logged.seq} differs from the one the replay emitted"
+                )
+            seq = logged.seq  # in the log: not appended again
+        else:
+            await self._ours(ctx.append(event))
+            seq = await self._ours(ctx.writer.flush())
+        await self._record(idx, RESULT_STEP, "step", True, blob, seq)
+        self._advance()
+
+    def _check_logged_result(self, what: str) -> None:
+        if self._logged_result is not None and not self.replaying:
+            self._diverged(
+                f"the log has a tool result at seq {self._logged_result.seq} where the "
+                f"replay emitted {what}"
+            )
+
+    def finish(self) -> None:
+        """The agent returned: nothing of the log may be left unverified."""
+        self._check()
+        self._check_logged_result("nothing more")
+
+    def _diverged(self, what: str) -> None:
+        self.fatal = RunFailure(
+            "agent_nondeterministic", f"the resumed agent differed from the log: {what}"
+        )
+        raise self.fatal
 
     def add_usage(self, input_tokens: int, output_tokens: int, reasoning_tokens: int) -> None:
         self.usage[0] += max(0, input_tokens)
@@ -175,6 +257,7 @@ class Journal:
         self._check()
         if self._in_step:
             raise RuntimeError("steps do not nest, and do not run concurrently")
+        self._check_logged_result(f"step {name!r}")
         idx = self.idx
         if self.replaying:
             rec = self._expect(idx, "step", name)
@@ -207,10 +290,21 @@ class Journal:
         self._check()
         if self._in_step:
             raise RuntimeError("an approval cannot be asked for inside a step")
+        self._check_logged_result("an approval")
         idx = self.idx
+        digest = self._calls.digest(tool_call_id) if tool_call_id else summary_digest(summary)
         if self.replaying:
             rec = self._expect(idx, "approval", "approval")
             row = _approval_of(rec)
+            if row.call_digest and digest is not None and digest != row.call_digest:
+                # The call it guards came out differently: the stored
+                # decision was taken on something else. Nothing runs.
+                what = f"tool call {tool_call_id}" if tool_call_id else "its summary"
+                self._diverged(
+                    f"approval {row.approval_id} (operation {idx}) was decided on "
+                    f"{row.tool_call_id or 'its summary'}; the replay produced another "
+                    f"{what} (call digest {digest[:12]}…, approved {row.call_digest[:12]}…)"
+                )
             if rec.done:
                 self._advance()
                 return Decision(row.decision, row.decided_by, row.comment)  # type: ignore[arg-type]
@@ -223,6 +317,9 @@ class Journal:
             tool_call_id=tool_call_id,
             summary=summary,
             expires_at=ctx.now_ms() + int(timeout * 1000),
+            # A call this execution did not emit (given by id only) is bound
+            # by its id alone: the log holds no arguments to show.
+            call_digest=digest or "",
         )
         # The row first, then the approval: a takeover in between finds the
         # row and creates the same approval (create is idempotent), so no
@@ -248,6 +345,7 @@ class Journal:
                     tool_call_id=row.tool_call_id,
                     summary=row.summary,
                     expires_at_ms=row.expires_at,
+                    call_digest=row.call_digest,
                 ),
                 "approval create",
             )
@@ -274,6 +372,7 @@ class Journal:
                         tool_call_id=row.tool_call_id,
                         summary=row.summary,
                         expires_at=row.expires_at,
+                        call_digest=row.call_digest,
                     )
                 )
             )

@@ -55,6 +55,7 @@ async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
             # Stopped before it began (a queued run cancelled): the agent is never called.
             ctx.check_halt()
             await _race(ctx, journal, agent(AgentContext(journal, resumed=resumed)))
+            journal.finish()
             await ending.close_cards(ctx)
             last = events.RunEnd(status="completed", usage=_usage(journal))
             await ending.end(ctx, last, waiting=_waiting(journal))

@@ -39,6 +39,7 @@ import msgspec
 from broker import approvals, errors, events, ids
 from broker.store import TRANSIENT_DB_ERRORS
 
+from .binding import call_digest
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure, ToolError
 from .model import Message, ToolCall
@@ -184,6 +185,7 @@ async def request_approval(
             tool_call_id=call.id,
             summary=state.approval_summary,
             expires_at_ms=state.approval_expires_at,
+            call_digest=call_digest(call.name, call.arguments),
         ),
         "approval create",
     )
@@ -195,12 +197,14 @@ async def request_approval(
 
 
 async def append_request(ctx: RunContext, state: AgentState) -> None:
+    call = state.pending[0]
     await ctx.append(
         events.ApprovalRequired(
             approval_id=state.approval_id,
-            tool_call_id=state.pending[0].id,
+            tool_call_id=call.id,
             summary=state.approval_summary,
             expires_at=state.approval_expires_at,
+            call_digest=call_digest(call.name, call.arguments),
         )
     )
     await ctx.writer.flush()

@@ -9,6 +9,7 @@ the test's own process, through `GATES` (asyncio events by name).
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,22 @@ async def chat(ctx: AgentContext) -> None:
     history = await ctx.conversation()
     m = ctx.message_id()
     await ctx.text(m, " | ".join(f"{h.role}:{h.content}" for h in history) or "(nothing)")
+
+
+async def drifting(ctx: AgentContext) -> None:
+    """A tool call whose arguments come out differently on every execution
+    (as a real model's may), behind an approval; {"dir": ...}."""
+    directory = json.loads(ctx.input)["dir"]
+    call = ctx.tool_call_id()
+    await ctx.tool_start(call, "restart_worker", risk="high")
+    await ctx.tool_args(call, json.dumps({"target": "db", "worker_pid": os.getpid()}))
+    await ctx.tool_end(call)
+    d = await ctx.approval("restart the db worker?", tool_call_id=call)
+    if d.approved:
+
+        async def restart() -> int:
+            _count(directory, "restart")
+            return os.getpid()
+
+        await ctx.step("restart", restart, retryable=False)
+        await ctx.tool_result(call, "ok", "restarted")
