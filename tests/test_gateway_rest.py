@@ -14,6 +14,7 @@ import pytest_asyncio
 from broker import approvals, events, ids
 from broker.runtime import Broker
 from broker.settings import Settings
+from workers.binding import call_digest
 
 from .gw import RunningGateway, read_sse, running_gateway, session_with, write_run
 
@@ -158,6 +159,33 @@ async def test_approvals_decided_once(gw: RunningGateway, http: aiohttp.ClientSe
     assert status == 410 and body["error"]["code"] == "approval_expired"
     status, body = await decide("ann", ids.approval_id(), "approve")
     assert status == 404 and body["error"]["code"] == "approval_not_found"
+
+
+async def test_a_decision_for_a_call_the_approval_no_longer_guards_is_stale(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    sid = await session_with(http, gw, "alice", ann="approver")
+    run_id = await _start(http, gw, sid, "alice")
+    aid, shown = ids.approval_id(), call_digest("delete_rows", '{"rows": [1]}')
+    epoch = (await broker.store.get_run(run_id)).owner_epoch
+    await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=epoch,
+                           tool_call_id="c1", summary="delete", call_digest=shown,
+                           expires_at_ms=int(time.time() * 1000) + 60_000)  # fmt: skip
+    url = f"{gw.url}/v1/runs/{run_id}/approvals/{aid}"
+
+    async def decide(**body: str) -> tuple[int, dict]:
+        async with http.post(url, json=body, headers=gw.headers("ann")) as r:
+            return r.status, await r.json()
+
+    other = call_digest("delete_rows", '{"rows": [1, 2]}')
+    status, body = await decide(decision="approve", call_digest=other)
+    assert (status, body["error"]["code"]) == (409, "approval_stale")
+    assert body["error"]["call_digest"] == shown
+    assert (await approvals.get(broker.store.pool, aid)).decision is None
+    status, body = await decide(decision="approve", call_digest="not hex")
+    assert (status, body["error"]["code"]) == (400, "invalid_request")
+    status, body = await decide(decision="approve", call_digest=shown)
+    assert status == 201 and body["approval"]["call_digest"] == shown
 
 
 async def test_sse_resume_by_last_event_id_and_after(gw: RunningGateway, http: aiohttp.ClientSession,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from broker import approvals, events, ids
 from broker.runtime import Broker
 from broker.settings import Settings
+from workers.binding import call_digest
 
 from .gw import RunningGateway, append_text, running_gateway, session_with, write_run, ws_connect
 
@@ -250,6 +252,26 @@ async def test_concurrent_decisions_from_two_gateways_one_wins(
                 assert r["result"]["approval"]["decision"] == winner
         stored = await approvals.get(broker.store.pool, aid)
         assert stored.decision == winner
+
+
+async def test_a_websocket_decision_for_a_changed_call_is_stale(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    sid = await session_with(http, gw, "alice", ann="approver")
+    run_id = await broker.store.create_run(sid, "alice")
+    aid, shown = ids.approval_id(), call_digest("send_email", '{"to": "a@example.com"}')
+    await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=0,
+                           tool_call_id="c", summary="s", call_digest=shown,
+                           expires_at_ms=int(time.time() * 1000) + 60000)  # fmt: skip
+    async with ws_connect(http, gw, "ann") as a:
+        await a.send(type="decide", ref="1", approval_id=aid, decision="approve",
+                     call_digest=call_digest("send_email", '{"to": "b@example.com"}'))  # fmt: skip
+        r = await a.next_reply()
+        assert (r["type"], r["code"]) == ("error", "approval_stale")
+        await a.send(type="decide", ref="2", approval_id=aid, decision="approve",
+                     call_digest=shown)  # fmt: skip
+        r = await a.next_reply()
+        assert r["type"] == "ack" and r["result"]["created"] is True
 
 
 async def test_session_streams_skip_pruned_holes_with_real_cursors(

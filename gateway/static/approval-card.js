@@ -28,7 +28,7 @@ const OUTCOMES = {
   skipped: "not run: skipped",
 };
 // A decide error after which deciding again cannot work.
-const FINAL_CODES = ["approval_conflict", "approval_expired", "run_ended", "forbidden"];
+const FINAL_CODES = ["approval_conflict", "approval_stale", "approval_expired", "run_ended", "forbidden"];
 
 /** `raw` pretty-printed as JSON (2 spaces), or null when it does not parse. */
 export function prettyJson(raw) {
@@ -45,6 +45,7 @@ export class ApprovalCard {
     this.run = run;
     this.id = e.approval_id;
     this.toolCallId = e.tool_call_id;
+    this.callDigest = e.call_digest || "";  // what this card shows: sent back with the decision
     this.expiresAt = e.expires_at;
     this.pending = true;
     this.expires = h("span", { class: "expires" });
@@ -119,7 +120,8 @@ export class ApprovalCard {
     this.disable(true);
     clearError(this.error);
     try {
-      await this.run.ctx.client.decide(this.run.id, this.id, decision, this.comment.value.trim());
+      await this.run.ctx.client.decide(this.run.id, this.id, decision, this.comment.value.trim(),
+        this.callDigest);
     } catch (e) {
       const final = FINAL_CODES.includes(e.code);
       showError(this.error, e, final ? null : () => this.decide(decision));

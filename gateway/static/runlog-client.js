@@ -817,10 +817,13 @@ export class RunlogClient {
     return this.request("POST", `/v1/runs/${encodeURIComponent(runId)}/interrupt`, { reason }, { failover: true });
   }
 
-  /** Decide an approval: "approve" or "reject" (the same decision again is a no-op). */
-  decide(runId, approvalId, decision, comment = "") {
+  /** Decide an approval: "approve" or "reject" (the same decision again is a no-op).
+   * `callDigest`: the approval_required's call_digest, i.e. what the approver was
+   * shown; if the approval now guards another call, the answer is 409 approval_stale. */
+  decide(runId, approvalId, decision, comment = "", callDigest = "") {
+    const body = callDigest ? { decision, comment, call_digest: callDigest } : { decision, comment };
     return this.request("POST",
       `/v1/runs/${encodeURIComponent(runId)}/approvals/${encodeURIComponent(approvalId)}`,
-      { decision, comment }, { failover: true });
+      body, { failover: true });
   }
 }
