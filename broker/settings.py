@@ -294,11 +294,24 @@ class Settings:
     )
     worker_lease_s: float = _opt(
         15.0,
-        "Run ownership lease, renewed every third of it (s). A dead worker's runs are taken "
-        "over within worker_lease_s + worker_reaper_interval_s.",
+        "Run ownership lease, renewed every third of it (s). A worker that is paused or cut off "
+        "(its connections open) loses its runs within worker_lease_s + worker_reaper_interval_s; "
+        "one whose process died, within about a second (worker_liveness_interval_s).",
     )
     worker_reaper_interval_s: float = _opt(
         2.0, "How often a worker looks for runs whose owner's lease ran out (s)."
+    )
+    worker_liveness_interval_s: float = _opt(
+        0.5,
+        "How often a worker looks for runs whose owner died: its liveness lock in PostgreSQL "
+        "was released when its connection ended (kill -9, OOM); they are taken over at once, "
+        "not after the lease (s).",
+    )
+    worker_liveness_grace_s: float = _opt(
+        5.0,
+        "A worker takes over runs of dead owners only once it has held its own liveness lock "
+        "this long: after a PostgreSQL restart or failover (which drops every lock) the living "
+        "owners take theirs back first (s).",
     )
     worker_stale_queued_s: float = _opt(
         30.0, "A queued run no worker took for this long gets its job sent again (s)."

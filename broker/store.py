@@ -138,6 +138,7 @@ class RunInfo(NamedTuple):
     last_seq: int
     created_at_ms: int
     ended_at_ms: int | None
+    takeovers: int = 0  # times another worker took the run over
 
 
 class RunSummary(NamedTuple):
@@ -186,6 +187,21 @@ _SESSION_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM events WHERE session_id = $1 AND cursor > $2"
     " ORDER BY cursor LIMIT $3"
 )
+
+
+# The namespace of the workers' liveness locks: pg_advisory_lock(LIVENESS_LOCK_NS,
+# key) (workers/liveness.py), which pg_locks shows as classid = LIVENESS_LOCK_NS,
+# objid = key, objsubid = 2 (the two-int4 form).
+LIVENESS_LOCK_NS = 1919709031  # "rlog"
+
+
+def _held(key: str) -> str:
+    """SQL: whether some session of this database holds the liveness lock `key`."""
+    return (
+        "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+        f" AND l.classid = {LIVENESS_LOCK_NS} AND l.objid = ({key})::oid AND l.objsubid = 2"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+    )
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -497,7 +513,7 @@ class Store:
         row = await self.pool.fetchrow(
             "SELECT run_id, session_id, status, started_by, model, input, owner_id, owner_epoch,"
             " last_seq, (extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,"
-            " (extract(epoch FROM ended_at) * 1000)::bigint AS ended_at_ms"
+            " (extract(epoch FROM ended_at) * 1000)::bigint AS ended_at_ms, takeovers"
             " FROM runs WHERE run_id = $1",
             run_id,
         )
@@ -506,35 +522,65 @@ class Store:
         return RunInfo(*row)
 
     @_writes("run claim")
-    async def claim_queued(self, run_id: str, owner_id: str, lease_s: float) -> Ownership | None:
+    async def claim_queued(
+        self, run_id: str, owner_id: str, lease_s: float, lock: int | None = None
+    ) -> Ownership | None:
         """Take a run that no worker has started yet; None if it was taken already
-        (a job delivered twice) or has ended."""
+        (a job delivered twice) or has ended. `lock`: the key of the claiming
+        worker's liveness lock (workers/liveness.py)."""
         row = await self.pool.fetchrow(
             "UPDATE runs SET owner_id = $2, owner_epoch = owner_epoch + 1,"
-            " lease_until = now() + make_interval(secs => $3), status = 'running'"
+            " lease_until = now() + make_interval(secs => $3), status = 'running',"
+            " owner_lock = $4"
             " WHERE run_id = $1 AND status = 'queued' AND ended_at IS NULL"
             " RETURNING run_id, session_id, owner_epoch, last_seq",
             run_id,
             owner_id,
             lease_s,
+            lock,
         )
         return Ownership(*row) if row is not None else None
 
     @_writes("run claim")
-    async def claim_expired(self, run_id: str, owner_id: str, lease_s: float) -> Ownership | None:
-        """Take over a started run whose owner's lease ran out (fencing the old
-        owner); None if the lease was renewed or another worker took it first."""
+    async def claim_expired(
+        self,
+        run_id: str,
+        owner_id: str,
+        lease_s: float,
+        lock: int | None = None,
+        *,
+        orphan_of: int | None = None,
+    ) -> Ownership | None:
+        """Take over a started run whose owner's lease ran out — or, with
+        `orphan_of`, whose owner held that liveness lock and holds it no more
+        (its connection to PostgreSQL ended: the process died). The epoch bump
+        fences the old owner. None if the owner is alive after all (renewed,
+        or holds its lock again) or another worker took the run first."""
         row = await self.pool.fetchrow(
             "UPDATE runs SET owner_id = $2, owner_epoch = owner_epoch + 1,"
-            " lease_until = now() + make_interval(secs => $3)"
+            " lease_until = now() + make_interval(secs => $3), owner_lock = $4,"
+            " takeovers = takeovers + 1"
             " WHERE run_id = $1 AND status <> 'queued' AND ended_at IS NULL"
-            " AND lease_until < now()"
+            f" AND (lease_until < now() OR (owner_lock = $5 AND NOT {_held('$5')}))"
             " RETURNING run_id, session_id, owner_epoch, last_seq",
             run_id,
             owner_id,
             lease_s,
+            lock,
+            orphan_of,
         )
         return Ownership(*row) if row is not None else None
+
+    @_reads("orphaned runs read")
+    async def orphaned_runs(self, limit: int = 100) -> list[tuple[str, int]]:
+        """Started, unended runs whose owner's liveness lock nobody holds:
+        (run_id, owner_lock), whatever their lease says."""
+        rows = await self.pool.fetch(
+            "SELECT run_id, owner_lock FROM runs WHERE ended_at IS NULL AND status <> 'queued'"
+            f" AND owner_lock IS NOT NULL AND NOT {_held('owner_lock')} LIMIT $1",
+            limit,
+        )
+        return [(r[0], r[1]) for r in rows]
 
     @_writes("lease renewal")
     async def renew_lease(self, run_id: str, epoch: int, lease_s: float) -> bool:

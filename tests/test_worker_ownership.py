@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,6 +96,34 @@ async def test_kill_9_mid_stream_resumes_the_run(
     )
     _resumed_mid_stream(evs, await scripted_text("long story"))
     assert (await client.store.get_run(run_id)).status == "completed"
+
+
+async def test_kill_9_is_taken_over_in_seconds_not_after_the_lease(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """The dead worker's connections closed with its process: its run is
+    resumed within seconds, though its lease (15 s, renewed every 5 s) has
+    10 s or more to go at the kill."""
+    lease: dict[str, Any] = {"worker_lease_s": 15.0, "scripted_tokens_per_s": 40.0}
+    doomed = WorkerProcess(settings, tmp_path / "a.log", **lease)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, "long story")
+        await wait_event(client, run_id, "text_delta", count=10)
+        async with running_worker(settings, purge=False, **lease) as (_, w):
+            await asyncio.sleep(1.5)  # the survivor has been up for its liveness grace (1 s)
+            killed = time.monotonic()
+            await doomed.kill()
+            resumed = await wait_event(client, run_id, "status", timeout_s=30)
+            took = time.monotonic() - killed
+            evs = await read_run(client, run_id)
+        assert isinstance(resumed, events.Status) and resumed.code == "resumed"
+        assert took < 5.0, f"resumed {took:.1f} s after the kill"
+        _resumed_mid_stream(evs, await scripted_text("long story"))
+        run = await client.store.get_run(run_id)
+        assert (run.owner_id, run.owner_epoch, run.takeovers) == (w.worker_id, 2, 1)
+    finally:
+        await doomed.kill()
 
 
 async def test_kill_9_while_a_tool_runs_runs_it_again_but_not_the_finished_one(

@@ -31,6 +31,7 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "scripted_tokens_per_s": 0.0,
     "worker_lease_s": 3.0,
     "worker_reaper_interval_s": 0.5,
+    "worker_liveness_grace_s": 1.0,
     "worker_stale_queued_s": 3600.0,  # runs other tests left queued stay theirs
     "worker_enqueue_retry_s": 0.2,
     "approval_timeout_s": 60.0,

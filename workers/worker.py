@@ -17,9 +17,14 @@ Ownership: one lease per owned run, renewed every `lease_s / 3`
 `reaper_interval_s` each worker looks for runs whose lease ran out and takes
 them over (`takeover.py`), and re-sends jobs of runs queued for longer than
 `stale_queued_s` (a job message lost between PostgreSQL and JetStream).
+Every `liveness_interval_s` it looks for runs whose owner's liveness lock
+nobody holds — the owner's process died (`liveness.py`) — and takes them
+over at once.
 
-Takeover bound: a dead worker's runs are taken over within `lease_s +
-reaper_interval_s` (17 s by default) of its last renewal; a drained worker's
+Takeover bound: a worker whose process died (kill -9, OOM) has its runs
+taken over within about `liveness_interval_s` plus the resume (a second or
+two); a worker that is paused or cut off (its connections open), within
+`lease_s + reaper_interval_s` (17 s by default) of its last renewal; a drained worker's
 waiting runs within `reaper_interval_s` — by a worker that has reached
 PostgreSQL without a failure for `lease_s` (since it started, or since an
 outage): after an outage, the owners renew first.
@@ -66,6 +71,7 @@ from .api import Agent as AgentFn
 from .context import RunContext
 from .follower import ControlFollower
 from .lease import keep_lease
+from .liveness import Liveness
 from .metrics import WorkerMetrics
 from .model import ModelAdapter
 from .runner import load_agent, plan_agent_takeover, run_agent
@@ -120,6 +126,8 @@ class Worker:
         # When this worker last saw PostgreSQL fail (monotonic; its start
         # counts): its reaper takes nothing over for a lease after it.
         self._storage_trouble_at = 0.0
+        self._taking: set[str] = set()  # runs a takeover is claiming right now
+        self._liveness = Liveness(settings.database_url, settings.worker_liveness_grace_s)
 
     @property
     def active_runs(self) -> list[str]:
@@ -138,6 +146,7 @@ class Worker:
             self._adapter = make_adapter(self.settings)
         self.metrics = WorkerMetrics(self.registry, self._tools.names())
         self._storage_trouble_at = time.monotonic()
+        await self._liveness.start()  # before any claim: every run we own records its key
         self._psub = await self.broker.bus.js.pull_subscribe(
             JOBS_SUBJECT,
             durable=CONSUMER,
@@ -152,6 +161,7 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self._intake_loop(), name="runlog-worker-intake"),
             asyncio.create_task(self._reaper_loop(), name="runlog-worker-reaper"),
+            asyncio.create_task(self._orphan_loop(), name="runlog-worker-orphans"),
         ]
         log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
 
@@ -194,6 +204,7 @@ class Worker:
                 await psub.unsubscribe()
             except (nats.errors.Error, OSError, TimeoutError):
                 pass
+        await self._liveness.close()
         if self._adapter is not None:
             await close_adapter(self._adapter)
         # An agent holding resources (a pool, a client) lets go of them here.
@@ -259,7 +270,9 @@ class Worker:
                 m.jobs.labels("deferred").inc()
                 await msg.nak(delay=self._retry_delay(msg))
                 return
-            own = await store.claim_queued(job.run_id, self.worker_id, self.settings.worker_lease_s)
+            own = await store.claim_queued(
+                job.run_id, self.worker_id, self.settings.worker_lease_s, self._liveness.key
+            )
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
             log.warning("job %s: PostgreSQL unavailable (%s); offered again later", job.run_id, e)
             await msg.nak(delay=1.0)
@@ -419,6 +432,61 @@ class Worker:
         never safety: that is the fence's."""
         return time.monotonic() - self._storage_trouble_at >= self.settings.worker_lease_s
 
+    async def _orphan_loop(self) -> None:
+        """Take over, at once, the runs of owners that died (liveness.py)."""
+        while not self._draining:
+            try:
+                if self._liveness.settled and len(self._runs) < self.concurrency:
+                    for run_id, lock in await self.broker.store.orphaned_runs():
+                        if self._draining or len(self._runs) >= self.concurrency:
+                            break
+                        await self._take_over(run_id, orphan_of=lock)
+            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, nats.errors.Error) as e:
+                log.warning("orphaned runs round failed: %s", e)
+            except Exception:
+                log.exception("orphaned runs round failed")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.worker_liveness_interval_s):
+                    await self._drain_requested.wait()
+
+    async def _take_over(self, run_id: str, *, orphan_of: int | None = None) -> None:
+        """Claim a run from an owner whose lease ran out (or, `orphan_of`, whose
+        process died) and resume or end it. The claim fences the old owner."""
+        if run_id in self._runs or run_id in self._taking:
+            return  # ours, or being taken by the other loop
+        self._taking.add(run_id)
+        try:
+            await self._claim_and_plan(run_id, orphan_of)
+        finally:
+            self._taking.discard(run_id)
+
+    async def _claim_and_plan(self, run_id: str, orphan_of: int | None) -> None:
+        store, m, s = self.broker.store, self.metrics, self.settings
+        assert m is not None
+        own = await store.claim_expired(
+            run_id, self.worker_id, s.worker_lease_s, self._liveness.key, orphan_of=orphan_of
+        )
+        if own is None:
+            m.takeovers.labels("lost_race").inc()
+            return
+        why = "its owner's lease ran out" if orphan_of is None else "its owner's process is gone"
+        try:
+            if self._agent is not None:
+                plan = await plan_agent_takeover(store, own)
+            else:
+                plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
+            log.info("run %s: taken over (%s; %s)", run_id, plan.outcome, why)
+            if plan.run:
+                self._spawn(own, plan.state, plan.resume, resumed=plan.outcome == "resumed")
+            else:
+                await plan.end(store, self.broker.writer(own), m, self._side_effect_tools())
+        except errors.RunlogError as e:
+            # Another worker took it meanwhile, or PostgreSQL is away: the
+            # lease we just took runs out and the run is taken over again.
+            log.warning("run %s: takeover failed (%s)", run_id, e)
+            return
+        m.takeovers.labels(plan.outcome).inc()
+
     async def _reap_once(self) -> None:
         store = self.broker.store
         m = self.metrics
@@ -431,32 +499,9 @@ class Worker:
         if not self._may_take_over():
             expired = []
         for run_id in expired:
-            if self._draining:
-                return
-            if len(self._runs) >= self.concurrency:
+            if self._draining or len(self._runs) >= self.concurrency:
                 return  # full: the other workers take the rest
-            if run_id in self._runs:
-                continue
-            own = await store.claim_expired(run_id, self.worker_id, s.worker_lease_s)
-            if own is None:
-                m.takeovers.labels("lost_race").inc()
-                continue
-            try:
-                if self._agent is not None:
-                    plan = await plan_agent_takeover(store, own)
-                else:
-                    plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
-                log.info("run %s: taken over (%s)", run_id, plan.outcome)
-                if plan.run:
-                    self._spawn(own, plan.state, plan.resume, resumed=plan.outcome == "resumed")
-                else:
-                    await plan.end(store, self.broker.writer(own), m, self._side_effect_tools())
-            except errors.RunlogError as e:
-                # Another worker took it meanwhile, or PostgreSQL is away: the
-                # lease we just took runs out and the run is taken over again.
-                log.warning("run %s: takeover failed (%s)", run_id, e)
-                continue
-            m.takeovers.labels(plan.outcome).inc()
+            await self._take_over(run_id)
         for run_id, session_id in await store.stale_queued_runs(s.worker_stale_queued_s):
             if await store.earlier_active_runs(session_id, run_id):
                 continue  # waiting its turn, not lost
