@@ -283,7 +283,15 @@ async def get_run(request: web.Request) -> web.Response:
     await gw.authorize_stream(p.user, "run", run_id)
     info = await gw.broker.store.get_run(run_id)
     stop = await gw.broker.store.interrupt_request(run_id)
-    out = {k: v for k, v in info._asdict().items() if k not in ("owner_id", "owner_epoch")}
+    hidden = ("owner_id", "owner_epoch", "takeovers")
+    out: dict[str, object] = {k: v for k, v in info._asdict().items() if k not in hidden}
+    # Who executes it now (None: no worker has started it): the worker's
+    # name, its ownership epoch (one more at every takeover) and takeovers.
+    out["owner"] = (
+        None
+        if info.owner_id is None
+        else {"worker_id": info.owner_id, "epoch": info.owner_epoch, "takeovers": info.takeovers}
+    )
     out["interrupt"] = (
         None
         if stop is None

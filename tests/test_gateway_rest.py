@@ -92,6 +92,25 @@ async def test_auth_failures(gw: RunningGateway, http: aiohttp.ClientSession) ->
     assert stop["requested_by"] == "alice" and stop["reason"] == "enough"
 
 
+async def test_a_run_says_which_worker_owns_it_and_how_often_it_was_taken_over(
+    gw: RunningGateway, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    sid = await session_with(http, gw, "alice", vic="viewer")
+    run_id = await _start(http, gw, sid, "alice")
+
+    async def owner() -> object:
+        async with http.get(f"{gw.url}/v1/runs/{run_id}", headers=gw.headers("vic")) as r:
+            assert r.status == 200
+            return (await r.json())["owner"]
+
+    assert await owner() is None  # queued: nobody owns it yet
+    assert await broker.store.claim_queued(run_id, "w-1", 30.0) is not None
+    assert await owner() == {"worker_id": "w-1", "epoch": 1, "takeovers": 0}
+    await broker.store.release(run_id, 1)
+    assert await broker.store.claim_expired(run_id, "w-2", 30.0) is not None
+    assert await owner() == {"worker_id": "w-2", "epoch": 2, "takeovers": 1}
+
+
 async def _start(http: aiohttp.ClientSession, gw: RunningGateway, sid: str, user: str) -> str:
     async with http.post(f"{gw.url}/v1/sessions/{sid}/runs", json={"input": "x"},
                          headers=gw.headers(user)) as r:  # fmt: skip
