@@ -245,8 +245,12 @@ class Bus:
         return fut
 
     async def enqueue_job(self, job: control.RunJob) -> None:
+        # A run's job once (a retried publish is deduplicated); each wake-up
+        # of a parked run is its own message (a duplicate is harmless: the
+        # claim takes the run once).
+        msg_id = f"wake:{job.run_id}:{job.requested_at}" if job.wake else f"job:{job.run_id}"
         await self.js.publish(
-            C.JOBS_SUBJECT, control.encode(job), headers={C.MSG_ID_HEADER: f"job:{job.run_id}"}
+            C.JOBS_SUBJECT, control.encode(job), headers={C.MSG_ID_HEADER: msg_id}
         )
 
     async def publish_control(self, msg: control.Interrupt | control.Decision) -> None:

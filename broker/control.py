@@ -36,6 +36,9 @@ class RunJob(msgspec.Struct, kw_only=True):
     run_id: str
     session_id: str
     requested_at: int  # ms since the epoch
+    # A parked run to wake (its approval was decided, or a stop requested):
+    # not `queued`, but `parked_on` (Store.claim_parked).
+    wake: bool = False
 
 
 class Interrupt(msgspec.Struct, kw_only=True, tag="interrupt", tag_field="kind"):

@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 import nats.errors
 from prometheus_client import CollectorRegistry
 
-from . import approvals, control
+from . import approvals, control, errors
 from .approvals import ApprovalInfo
 from .bus import Bus
 from .census import RunCensus
@@ -133,6 +133,7 @@ class Broker:
                 )
             )
         )  # fmt: skip
+        await self._wake(run_id)
         return first
 
     async def decide(
@@ -168,7 +169,27 @@ class Broker:
                     )
                 )
             )  # fmt: skip
+        if info.decision is not None:
+            await self._wake(info.run_id)
         return info, created
+
+    async def _wake(self, run_id: str) -> None:
+        """A parked run (waiting for an approval without a worker) has
+        something to act on: ask any worker to resume it. Lost, the workers'
+        reapers find it anyway (Store.ready_parked_runs)."""
+        try:
+            session_id = await self.store.parked_session(run_id)
+        except errors.StorageError as e:
+            log.warning("run %s: cannot tell whether it is parked (%s)", run_id, e.code)
+            return
+        if session_id is not None:
+            await self._send(
+                self.bus.enqueue_job(
+                    control.RunJob(
+                        run_id=run_id, session_id=session_id, requested_at=_now_ms(), wake=True
+                    )
+                )
+            )
 
     async def _send(self, publish: Awaitable[None]) -> None:
         """Send a message whose fact is already in PostgreSQL. A failure is logged,

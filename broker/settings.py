@@ -346,6 +346,12 @@ class Settings:
     approval_poll_s: float = _opt(
         1.0, "How often a worker waiting for an approval checks PostgreSQL for the decision (s)."
     )
+    approval_park_after_s: float = _opt(
+        0.0,
+        "How long a run waiting for an approval keeps its worker slot before it is parked (s): "
+        "a parked run costs a row, not a slot, and the decision, the expiry or a stop wakes it "
+        "on any worker (a replay; no model call is repeated). Negative: never parked.",
+    )
     max_steps: int = _opt(
         24, "Most model turns in one run (turns); past it the run fails with step_limit."
     )

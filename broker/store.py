@@ -571,6 +571,59 @@ class Store:
         )
         return Ownership(*row) if row is not None else None
 
+    @_writes("run park")
+    async def park(self, run_id: str, epoch: int, approval_id: str) -> bool:
+        """Park the owner's run on `approval_id`: no lease, no owner liveness
+        key, so no takeover touches it until it is woken (`claim_parked`)."""
+        done = await self.pool.fetchval(
+            "UPDATE runs SET parked_on = $3, lease_until = NULL, owner_lock = NULL"
+            " WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL RETURNING 1",
+            run_id,
+            epoch,
+            approval_id,
+        )
+        return bool(done)
+
+    @_writes("run claim")
+    async def claim_parked(
+        self, run_id: str, owner_id: str, lease_s: float, lock: int | None = None
+    ) -> Ownership | None:
+        """Take a parked run to resume it; None if it is not parked (any more)."""
+        row = await self.pool.fetchrow(
+            "UPDATE runs SET owner_id = $2, owner_epoch = owner_epoch + 1,"
+            " lease_until = now() + make_interval(secs => $3), owner_lock = $4, parked_on = NULL"
+            " WHERE run_id = $1 AND parked_on IS NOT NULL AND ended_at IS NULL"
+            " RETURNING run_id, session_id, owner_epoch, last_seq",
+            run_id,
+            owner_id,
+            lease_s,
+            lock,
+        )
+        return Ownership(*row) if row is not None else None
+
+    @_reads("parked run read")
+    async def parked_session(self, run_id: str) -> str | None:
+        """The session of `run_id` if the run is parked, else None."""
+        value: str | None = await self.pool.fetchval(
+            "SELECT session_id FROM runs WHERE run_id = $1 AND parked_on IS NOT NULL"
+            " AND ended_at IS NULL",
+            run_id,
+        )
+        return value
+
+    @_reads("parked runs read")
+    async def ready_parked_runs(self, limit: int = 100) -> list[str]:
+        """Parked runs with something to wake them: their approval decided or
+        expired, or a stop requested (a wake-up message may have been lost)."""
+        rows = await self.pool.fetch(
+            "SELECT r.run_id FROM runs r WHERE r.parked_on IS NOT NULL AND r.ended_at IS NULL"
+            " AND (r.interrupt_requested_by IS NOT NULL OR EXISTS (SELECT 1 FROM approvals a"
+            " WHERE a.approval_id = r.parked_on AND (a.decision IS NOT NULL"
+            " OR a.expires_at <= now()))) LIMIT $1",
+            limit,
+        )
+        return [r[0] for r in rows]
+
     @_reads("orphaned runs read")
     async def orphaned_runs(self, limit: int = 100) -> list[tuple[str, int]]:
         """Started, unended runs whose owner's liveness lock nobody holds:

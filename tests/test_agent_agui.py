@@ -50,6 +50,7 @@ from .aguiserver import Exchange, Upstream, serving
 from .gw import running_gateway, ws_connect
 from .helpers import sample
 from .workerkit import (
+    IN_SLOT,
     WorkerProcess,
     of,
     read_run,
@@ -356,7 +357,9 @@ async def test_kill_9_while_waiting_for_approval_resumes_on_another_worker(
     ref: list[Upstream] = []
     async with serving(approval_script(ref)) as up:
         ref.append(up)
-        doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+        doomed = WorkerProcess(
+            settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT
+        )
         doomed.env["RUNLOG_AGUI_URL"] = up.url
         await doomed.start()
         try:
@@ -402,7 +405,9 @@ async def test_kill_9_mid_stream_posts_the_first_segment_again(
         )
 
     async with serving(script) as up:
-        doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+        doomed = WorkerProcess(
+            settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT
+        )
         doomed.env["RUNLOG_AGUI_URL"] = up.url
         await doomed.start()
         try:
@@ -446,7 +451,9 @@ async def test_kill_9_while_the_resume_streams_fails_the_run_step_interrupted(
         await asyncio.Event().wait()  # the worker dies meanwhile
 
     async with serving(script) as up:
-        doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+        doomed = WorkerProcess(
+            settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT
+        )
         doomed.env["RUNLOG_AGUI_URL"] = up.url
         await doomed.start()
         try:

@@ -16,6 +16,7 @@ from workers.api import AgentError
 from .agents import api_agents
 from .helpers import sample
 from .workerkit import (
+    IN_SLOT,
     WorkerProcess,
     of,
     read_run,
@@ -27,7 +28,7 @@ from .workerkit import (
 )
 
 AGENTS = "tests.agents.api_agents"
-_DOOMED = {"worker_lease_s": 2.0}
+_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
 
 
 def _count(d: Path, name: str) -> int:
@@ -146,13 +147,26 @@ def test_error_codes_are_checked() -> None:
         AgentError("Bad Code")
 
 
-async def test_runlogs_outcome_wins_over_an_agent_that_swallows_it(settings: Settings) -> None:
-    async with running_worker(settings, agent=f"{AGENTS}:swallows") as (b, _):
+@pytest.mark.parametrize(("park_after_s", "swallowed"), [(-1.0, "Stopped"), (0.0, "Parked")])
+async def test_runlogs_outcome_wins_over_an_agent_that_swallows_it(
+    settings: Settings, park_after_s: float, swallowed: str
+) -> None:
+    """Waiting in its slot, the agent swallows the stop; parked (the
+    default), it swallows the parking, and the stop ends the parked run."""
+    async with running_worker(
+        settings, agent=f"{AGENTS}:swallows", approval_park_after_s=park_after_s
+    ) as (b, _):
         _, run_id = await start(b, "x")
         await wait_event(b, run_id, "approval_required")
+        if park_after_s >= 0:
+
+            async def parked() -> bool:
+                return await b.store.parked_session(run_id) is not None
+
+            await wait_until(parked)
         await b.interrupt(run_id, "alice", "no")
         evs = await read_run(b, run_id, timeout_s=30)
-    assert api_agents.SEEN[run_id] == ["Stopped"]
+    assert api_agents.SEEN[run_id] == [swallowed]
     assert "carrying on" not in text_of(evs)
     assert evs[-1].status == "aborted"  # type: ignore[union-attr]
     # The card opened before the approval gets its result before the end.

@@ -15,10 +15,19 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from workers.binding import call_digest
 
-from .workerkit import WorkerProcess, of, read_run, running_worker, start, wait_event, wait_until
+from .workerkit import (
+    IN_SLOT,
+    WorkerProcess,
+    of,
+    read_run,
+    running_worker,
+    start,
+    wait_event,
+    wait_until,
+)
 
 AGENTS = "tests.agents.api_agents"
-_DOOMED = {"worker_lease_s": 2.0}
+_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
 
 
 def _count(d: Path, name: str) -> int:

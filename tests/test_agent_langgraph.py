@@ -26,6 +26,7 @@ from .agents import lg_agent
 from .gw import running_gateway, ws_connect
 from .helpers import sample
 from .workerkit import (
+    IN_SLOT,
     WorkerProcess,
     of,
     read_run,
@@ -36,7 +37,7 @@ from .workerkit import (
 )
 
 AGENT = "tests.agents.lg_agent:agent"
-_DOOMED = {"worker_lease_s": 2.0}
+_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
 
 
 @pytest_asyncio.fixture(autouse=True, loop_scope="session")

@@ -23,6 +23,7 @@ from .agents.oa_agent import counted
 from .gw import running_gateway, ws_connect
 from .helpers import sample
 from .workerkit import (
+    IN_SLOT,
     WorkerProcess,
     of,
     read_run,
@@ -207,7 +208,7 @@ async def test_an_approval_rejected_over_websocket_denies_the_call(
 async def test_kill_9_while_waiting_for_the_approval_resumes_on_another_worker(
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:
-    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT)
     await doomed.start()
     try:
         run_id, req = await _approval_run(client, tmp_path)
@@ -236,7 +237,7 @@ async def test_kill_9_while_the_approved_tool_runs_fails_the_run_rather_than_run
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:
     args = ['{"dir": ', json.dumps(str(tmp_path)), ', "n": 2, "hold_s": 600}']
-    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT)
     await doomed.start()
     try:
         _, run_id = await start(client, _spec(tool="delete_rows", args=args))
@@ -260,7 +261,7 @@ async def test_kill_9_while_the_approved_tool_runs_fails_the_run_rather_than_run
 async def test_kill_9_mid_stream_resumes_the_segment_on_another_worker(
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:
-    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT)
     await doomed.start()
     try:
         _, run_id = await start(client, _spec(stall_once=str(tmp_path), words=["Hel", "lo"]))

@@ -27,6 +27,7 @@ from .agents import pa_agent
 from .gw import running_gateway, ws_connect
 from .helpers import sample
 from .workerkit import (
+    IN_SLOT,
     WorkerProcess,
     of,
     read_run,
@@ -38,7 +39,7 @@ from .workerkit import (
 )
 
 AGENT = "tests.agents.pa_agent:agent"
-_DOOMED = {"worker_lease_s": 2.0}
+_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
 
 
 def _input(**kw: object) -> str:

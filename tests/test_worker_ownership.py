@@ -17,6 +17,7 @@ from broker.settings import Settings
 
 from .helpers import sample
 from .workerkit import (
+    IN_SLOT,
     TOOL_LOG_ENV,
     WorkerProcess,
     of,
@@ -32,7 +33,7 @@ from .workerkit import (
 )
 
 # Short leases for the process that gets killed, so takeovers come quickly.
-_DOOMED = {"worker_lease_s": 2.0}
+_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
 
 
 async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(
@@ -237,7 +238,7 @@ async def test_paused_worker_writes_no_approval_after_takeover(
     refused there, by the statement itself (the paused worker can check
     nothing), and the approvals the new owner waits on must stay its own:
     the waiting run's, and the one it asks for when it resumes the other."""
-    paused = WorkerProcess(settings, tmp_path / "a.log")
+    paused = WorkerProcess(settings, tmp_path / "a.log", **IN_SLOT)
     # One connection, so the second create goes out on the connection the
     # first one was prepared on: PostgreSQL then has the whole statement (not
     # just its parse, after which the client still has to send the rest) and
@@ -335,6 +336,7 @@ async def test_sigterm_drains_releases_waiting_runs_and_ends_streaming_ones(
         scripted_tokens_per_s=20.0,
         drain_timeout_s=1.0,
         worker_lease_s=30.0,  # a released run must not wait for its lease
+        **IN_SLOT,
     )
     await draining.start()
     try:

@@ -20,6 +20,7 @@ from broker.constants import JOBS_STREAM
 from broker.runtime import Broker
 from broker.settings import Settings
 from workers.adapters.scripted import ScriptedAdapter
+from workers.builtin_tools import TOOLS as BUILTIN_TOOLS
 from workers.model import Message, ModelAdapter, ModelRequest, TextChunk
 from workers.tools import Tool, ToolContext, ToolOutput
 from workers.worker import Worker
@@ -38,6 +39,12 @@ WORKER_DEFAULTS: dict[str, Any] = {
     "approval_poll_s": 0.2,
     "drain_timeout_s": 2.0,
 }
+
+
+# A worker whose runs wait for their approvals in their slots (never parked:
+# approval_park_after_s < 0), so a kill, a pause or a drain meets a run
+# waiting, as with a park delay or in the moment before a run parks.
+IN_SLOT: dict[str, Any] = {"approval_park_after_s": -1.0}
 
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
@@ -242,5 +249,31 @@ COUNTED_TOOLS = [
         side_effects=True, retryable=False,
     ),
 ]  # fmt: skip
+
+
+def _log_line(line: str) -> None:
+    with Path(os.environ[TOOL_LOG_ENV]).open("a") as f:
+        f.write(line + "\n")
+
+
+async def _counted_send(args: dict[str, object], ctx: ToolContext) -> ToolOutput:
+    _log_line(f"send_message {ctx.run_id} {ctx.tool_call_id}")  # one line per execution
+    return ToolOutput(f"Message sent to {args.get('to')}", raw="sent")
+
+
+async def _instant_search(args: dict[str, object], ctx: ToolContext) -> ToolOutput:
+    return ToolOutput("Found 3 documents", raw="[]")
+
+
+# The built-in tools, with send_message (needs approval) counting its
+# executions by run ("send_message <run_id> <tool_call_id>" per line) and
+# search_docs answering at once.
+_BUILTIN = {t.name: t for t in BUILTIN_TOOLS}
+COUNTED_SEND_TOOLS = [
+    *(t for t in BUILTIN_TOOLS if t.name not in ("send_message", "search_docs")),
+    dataclasses.replace(_BUILTIN["search_docs"], fn=_instant_search),
+    dataclasses.replace(_BUILTIN["send_message"], fn=_counted_send),
+]
+
 # search_docs as a write that must not run twice.
 FRAGILE_TOOLS = [dataclasses.replace(_SEARCH, side_effects=True, retryable=False)]

@@ -36,7 +36,7 @@ from typing import Literal
 from broker import errors, events, ids, models
 
 from . import ending
-from .context import Released, RunContext, Stopped
+from .context import Parked, Released, RunContext, Stopped
 from .errors import RunFailure
 from .model import (
     Finish,
@@ -59,7 +59,7 @@ from .toolstep import append_request, checkpoint, run_tool_call, wait_and_record
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["completed", "aborted", "failed", "released", "lost"]
+Outcome = Literal["completed", "aborted", "failed", "released", "parked", "lost"]
 
 
 class _Turn:
@@ -84,10 +84,16 @@ class Agent:
         self.state = AgentState()
 
     async def run(
-        self, state: AgentState | None = None, resume: ResumePoint | None = None
+        self,
+        state: AgentState | None = None,
+        resume: ResumePoint | None = None,
+        *,
+        woken: bool = False,
     ) -> Outcome:
         """Execute the run (from the start, or resumed from a checkpoint) and
-        end it. Never raises but CancelledError (ownership lost)."""
+        end it. Never raises but CancelledError (ownership lost). `woken`: a
+        parked run resumed for its decision (no `status` resumed: no worker
+        was lost)."""
         ctx = self.ctx
         try:
             try:
@@ -95,7 +101,7 @@ class Agent:
                     await self._begin()
                     await self._loop()
                 else:
-                    await self._resume(state, resume or ResumePoint(True, None))
+                    await self._resume(state, resume or ResumePoint(True, None), woken=woken)
                 await self._end(events.RunEnd(status="completed", usage=_usage(self.state.usage)))
                 return "completed"
             except Stopped:
@@ -104,6 +110,8 @@ class Agent:
             except RunFailure as f:
                 await self._end_failed(f)
                 return "failed"
+            except Parked:
+                return "parked"
             except Released:
                 return "released"
             except (errors.PayloadTooLarge, errors.InvalidEvent) as e:
@@ -153,7 +161,7 @@ class Agent:
         first = [Message(role="system", content=system)] if system else []
         return [*first, Message(role="user", content=self.ctx.run.input)]
 
-    async def _resume(self, state: AgentState, resume: ResumePoint) -> None:
+    async def _resume(self, state: AgentState, resume: ResumePoint, *, woken: bool) -> None:
         """Continue a run taken over from its checkpoint (`takeover.py`)."""
         ctx = self.ctx
         self.state = state
@@ -167,7 +175,8 @@ class Agent:
         # Its first token and card were (or will never be) timed by the first owner.
         self._first_token = self._first_tool = ctx.produced_output
         await retract(ctx.writer, list(resume.tail))
-        await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
+        if not woken:
+            await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
         if state.approval_id and state.pending:
             if not resume.requested:  # the old owner died before it was logged
                 await append_request(ctx, state)

@@ -46,6 +46,12 @@ class Released(Exception):
     """The worker is draining: hand the (waiting) run over without ending it."""
 
 
+class Parked(Released):
+    """The run waits for an approval without its worker: the execution ends,
+    the run is parked on the approval (`RunSignals.parked_on`), and the
+    decision, the expiry or a stop wakes it on any worker."""
+
+
 class RunContext:
     def __init__(
         self,

@@ -125,9 +125,10 @@ class Journal:
 
     # -- a takeover's first act
 
-    async def prepare(self) -> None:
+    async def prepare(self, *, announce: bool = True) -> None:
         """Check that the run can be resumed and retract the tail (see the
-        module doc); RunFailure if it cannot be resumed."""
+        module doc); RunFailure if it cannot be resumed. `announce`: append
+        `status` resumed (not for a parked run woken by its decision)."""
         ctx = self.ctx
         last = self.records[-1] if self.records else None
         waiting = last is not None and last.kind == "approval" and not last.done
@@ -160,7 +161,8 @@ class Journal:
                 ctx.opened.append(ev.tool_call_id)
         await retract(ctx.writer, tail)
         ctx.resulted.update(ctx.opened)  # the retraction gave each its result
-        await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
+        if announce:
+            await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
 
     # -- events
 

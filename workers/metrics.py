@@ -21,10 +21,11 @@ _TOOL_BUCKETS_S = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 _EVENT_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 # How a run left this worker: ended (completed/aborted/failed), handed over
-# at drain (released), or taken away (lost: another worker fenced it).
-RUN_OUTCOMES = ("completed", "aborted", "failed", "released", "lost")
+# at drain (released), parked on an approval (parked: any worker resumes it
+# when it is decided), or taken away (lost: another worker fenced it).
+RUN_OUTCOMES = ("completed", "aborted", "failed", "released", "parked", "lost")
 TAKEOVER_OUTCOMES = ("resumed", "restarted", "failed", "aborted", "lost_race")
-JOB_OUTCOMES = ("started", "deferred", "duplicate", "bad", "requeued")
+JOB_OUTCOMES = ("started", "deferred", "duplicate", "bad", "requeued", "woken")
 APPROVAL_OUTCOMES = ("approve", "reject", "expired")
 
 
@@ -44,7 +45,8 @@ class WorkerMetrics:
         self.jobs = Counter(
             "runlog_worker_jobs_total",
             "Run jobs handled: started, deferred (an earlier run of the session is active), "
-            "duplicate (already taken), bad (undecodable), requeued (a lost job sent again).",
+            "duplicate (already taken), bad (undecodable), requeued (a lost job sent again), "
+            "woken (a parked run resumed for its decision, expiry or stop).",
             ["outcome"],
             registry=registry,
         )

@@ -24,7 +24,7 @@ from broker.store import Ownership, Store
 from . import ending
 from .agent import Outcome
 from .api import Agent, AgentContext, AgentError
-from .context import Released, RunContext, Stopped
+from .context import Parked, Released, RunContext, Stopped
 from .durable import Journal
 from .errors import RunFailure
 from .takeover import MAX_RESTART_EPOCH, TakeoverPlan
@@ -32,9 +32,12 @@ from .takeover import MAX_RESTART_EPOCH, TakeoverPlan
 log = logging.getLogger(__name__)
 
 
-async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
+async def run_agent(
+    ctx: RunContext, agent: Agent, *, resumed: bool, woken: bool = False
+) -> Outcome:
     """Execute (or, after a takeover, resume) the run; never raises but
-    CancelledError (ownership lost)."""
+    CancelledError (ownership lost). `woken`: a parked run resumed for its
+    decision."""
     run_id = ctx.run.run_id
     journal: Journal | None = None
     try:
@@ -51,7 +54,7 @@ async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
                     )
                 )
             elif resumed:
-                await journal.prepare()
+                await journal.prepare(announce=not woken)
             # Stopped before it began (a queued run cancelled): the agent is never called.
             ctx.check_halt()
             await _race(ctx, journal, agent(AgentContext(journal, resumed=resumed)))
@@ -69,6 +72,8 @@ async def run_agent(ctx: RunContext, agent: Agent, *, resumed: bool) -> Outcome:
         except RunFailure as f:
             await ending.end_failed(ctx, f, _usage(journal), waiting=_waiting(journal))
             return "failed"
+        except Parked:
+            return "parked"
         except Released:
             return "released"
     except (errors.StaleEpoch, errors.RunEnded):

@@ -31,6 +31,7 @@ class RunSignals:
         self.stop: StopRequest | None = None
         self.decisions: dict[str, DecisionInfo] = {}
         self.release_waiting = False  # drain: hand runs waiting for approval over
+        self.parked_on = ""  # the approval the run was parked on (context.Parked)
         self.drain_end = False  # drain deadline passed: end the run now
         self.changed = asyncio.Event()
         # Set when the agent must leave what it is doing at once (stop or drain end).

@@ -61,7 +61,21 @@ class TakeoverPlan(NamedTuple):
     ) -> None:
         # Fenced by our epoch: if yet another worker took the run meanwhile,
         # StaleEpoch, and its approvals are left to it.
+        undecided = {
+            a.tool_call_id
+            for a in await approvals.open_for_run(store.pool, writer.run_id)
+            if a.decision is None and a.tool_call_id
+        }
         await approvals.close_open_for_run(store.pool, writer.run_id, writer.epoch)
+        # A card whose call waited for its approval never ran: it gets its
+        # result before the end, as when the run ends itself. (A card whose
+        # tool may have started is left as the log has it.)
+        for call_id in await _open_cards_in_log(store, writer.run_id, undecided):
+            await writer.append(
+                events.ToolResult(
+                    tool_call_id=call_id, status="skipped", summary="not run: the run ended"
+                )
+            )
         if self.stop is not None:
             by, at_ms, reason = self.stop
             at_seq = writer.last_seq
@@ -172,6 +186,26 @@ async def _approval_tail(store: Store, own: Ownership, state: AgentState) -> Res
     if decided is not None and not requested:
         return None
     return ResumePoint(requested, decided)
+
+
+async def _open_cards_in_log(store: Store, run_id: str, among: set[str]) -> list[str]:
+    """The tool cards of `among` the log opened and never gave a result."""
+    if not among:
+        return []
+    opened: dict[str, None] = {}
+    after = 0
+    while True:
+        page = await store.run_page(run_id, after, 1000)
+        for item in page:
+            if item.type == "tool_call_start" or item.type == "tool_result":
+                ev = events.decode_stored(item.payload)
+                if isinstance(ev, events.ToolCallStart):
+                    opened[ev.tool_call_id] = None
+                elif isinstance(ev, events.ToolResult):
+                    opened.pop(ev.tool_call_id, None)
+        if len(page) < 1000:
+            return [c for c in opened if c in among]
+        after = page[-1].seq
 
 
 async def _side_effects_in_log(store: Store, run_id: str, tools: frozenset[str]) -> list[str]:

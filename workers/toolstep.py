@@ -40,7 +40,7 @@ from broker import approvals, errors, events, ids
 from broker.store import TRANSIENT_DB_ERRORS
 
 from .binding import call_digest
-from .context import Released, RunContext, Stopped
+from .context import Parked, Released, RunContext, Stopped
 from .errors import RunFailure, ToolError
 from .model import Message, ToolCall
 from .signals import DecisionInfo
@@ -264,13 +264,17 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
     """The decision on `approval_id`: from the control message, a poll of
     PostgreSQL every `approval_poll_s`, or the expiry (stored as `expired`,
     fenced). Raises Stopped, Released or RunFailure(worker_draining) when the
-    run is stopped or its worker drains. The built-in loop's and the agent
-    API's approvals (`durable.py`) both wait here."""
+    run is stopped or its worker drains, and Parked once it has waited
+    `approval_park_after_s` and a look at PostgreSQL found no decision. The
+    built-in loop's and the agent API's approvals (`durable.py`) both wait
+    here."""
     sig = ctx.signals
     pool = ctx.store.pool
     w = ctx.writer
     poll_s = ctx.settings.approval_poll_s
+    park_after = ctx.settings.approval_park_after_s
     loop = asyncio.get_running_loop()
+    parks_at = loop.time() + park_after if park_after >= 0 else None
     next_poll = 0.0  # poll at once: the decision may already be stored
     while True:
         sig.changed.clear()
@@ -294,7 +298,12 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
                 info = await approvals.get(pool, approval_id)
                 if info.decision is not None:
                     return DecisionInfo(info.decision, info.decided_by or "", info.comment)
+                if parks_at is not None and loop.time() >= parks_at and sig.stop is None:
+                    sig.parked_on = approval_id
+                    raise Parked()
                 next_poll = loop.time() + poll_s
+                if parks_at is not None:
+                    next_poll = min(next_poll, max(parks_at, loop.time()))
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
             log.warning("approval %s: cannot read its state (%s); retrying", approval_id, e)
             next_poll = loop.time() + poll_s

@@ -261,6 +261,9 @@ class Worker:
             await msg.term()
             return
         store = self.broker.store
+        if job.wake:
+            await self._take_wake_job(msg, job.run_id)
+            return
         try:
             # A stopped run does not wait its turn: it only has to end (it is
             # claimed and ends at once, run_start then the stop, see agent.py).
@@ -288,6 +291,18 @@ class Worker:
         m.jobs.labels("started").inc()
         self._spawn(own, None)
 
+    async def _take_wake_job(self, msg: Msg, run_id: str) -> None:
+        """A parked run has something to act on: resume it here. Acked first:
+        lost, the reapers find the run anyway (ready_parked_runs)."""
+        try:
+            await msg.ack()
+        except (nats.errors.Error, OSError, TimeoutError) as e:
+            log.warning("wake-up of run %s: ack failed (%s)", run_id, e)
+        try:
+            await self._take_over(run_id, parked=True)
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            log.warning("run %s: cannot wake it (%s); a reaper will", run_id, e)
+
     def _retry_delay(self, msg: Msg) -> float:
         """Offer a deferred job again soon, then less often (a session's earlier
         run may wait for an approval for a long time)."""
@@ -307,10 +322,11 @@ class Worker:
         resume: ResumePoint | None = None,
         *,
         resumed: bool = False,
+        woken: bool = False,
     ) -> None:
         signals = RunSignals()
         task = asyncio.create_task(
-            self._execute(own, signals, state, resume, resumed), name=f"run-{own.run_id}"
+            self._execute(own, signals, state, resume, resumed, woken), name=f"run-{own.run_id}"
         )
         self._runs[own.run_id] = _Owned(own, signals, task)
         assert self.metrics is not None
@@ -323,6 +339,7 @@ class Worker:
         state: AgentState | None,
         resume: ResumePoint | None,
         resumed: bool,
+        woken: bool,
     ) -> None:
         b = self.broker
         m = self.metrics
@@ -369,12 +386,12 @@ class Worker:
                 registry=self._tools,
             )
             if self._agent is not None:
-                outcome = await run_agent(ctx, self._agent, resumed=resumed)
+                outcome = await run_agent(ctx, self._agent, resumed=resumed, woken=woken)
             else:
                 agent = Agent(
                     ctx, self._adapter, model_name=model_name(self._adapter, self.settings)
                 )
-                outcome = await agent.run(state, resume)
+                outcome = await agent.run(state, resume, woken=woken)
         except asyncio.CancelledError:
             log.info("run %s: cancelled (ownership lost or worker closing)", own.run_id)
         except Exception:
@@ -386,6 +403,8 @@ class Worker:
             await follower.close()
             if outcome == "released":
                 await self._release(own)
+            elif outcome == "parked":
+                await self._park(own, signals.parked_on)
             m.runs.labels(outcome).inc()
             self._runs.pop(own.run_id, None)
             m.runs_active.set(len(self._runs))
@@ -396,6 +415,15 @@ class Worker:
             await self.broker.store.release(own.run_id, own.epoch)
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
             log.warning("run %s: release failed (%s); its lease will run out", own.run_id, e)
+
+    async def _park(self, own: Ownership, approval_id: str) -> None:
+        try:
+            parked = await self.broker.store.park(own.run_id, own.epoch, approval_id)
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            log.warning("run %s: cannot park it (%s); its lease will run out", own.run_id, e)
+            return
+        if parked:
+            log.debug("run %s: parked on approval %s", own.run_id, approval_id)
 
     # -- takeovers and lost jobs
 
@@ -449,27 +477,44 @@ class Worker:
                 async with asyncio.timeout(self.settings.worker_liveness_interval_s):
                     await self._drain_requested.wait()
 
-    async def _take_over(self, run_id: str, *, orphan_of: int | None = None) -> None:
+    async def _take_over(
+        self, run_id: str, *, orphan_of: int | None = None, parked: bool = False
+    ) -> None:
         """Claim a run from an owner whose lease ran out (or, `orphan_of`, whose
-        process died) and resume or end it. The claim fences the old owner."""
+        process died), or a parked run to wake (`parked`), and resume or end
+        it. The claim fences the old owner."""
         if run_id in self._runs or run_id in self._taking:
             return  # ours, or being taken by the other loop
         self._taking.add(run_id)
         try:
-            await self._claim_and_plan(run_id, orphan_of)
+            await self._claim_and_plan(run_id, orphan_of, parked)
         finally:
             self._taking.discard(run_id)
 
-    async def _claim_and_plan(self, run_id: str, orphan_of: int | None) -> None:
+    async def _claim_and_plan(self, run_id: str, orphan_of: int | None, parked: bool) -> None:
         store, m, s = self.broker.store, self.metrics, self.settings
         assert m is not None
-        own = await store.claim_expired(
-            run_id, self.worker_id, s.worker_lease_s, self._liveness.key, orphan_of=orphan_of
+        key = self._liveness.key
+        if parked:
+            own = await store.claim_parked(run_id, self.worker_id, s.worker_lease_s, key)
+            if own is None:
+                m.jobs.labels("duplicate").inc()  # woken already, or ended
+                return
+            m.jobs.labels("woken").inc()
+        else:
+            own = await store.claim_expired(
+                run_id, self.worker_id, s.worker_lease_s, key, orphan_of=orphan_of
+            )
+            if own is None:
+                m.takeovers.labels("lost_race").inc()
+                return
+        why = (
+            "parked, and woken"
+            if parked
+            else "its owner's lease ran out"
+            if orphan_of is None
+            else "its owner's process is gone"
         )
-        if own is None:
-            m.takeovers.labels("lost_race").inc()
-            return
-        why = "its owner's lease ran out" if orphan_of is None else "its owner's process is gone"
         try:
             if self._agent is not None:
                 plan = await plan_agent_takeover(store, own)
@@ -477,7 +522,8 @@ class Worker:
                 plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
             log.info("run %s: taken over (%s; %s)", run_id, plan.outcome, why)
             if plan.run:
-                self._spawn(own, plan.state, plan.resume, resumed=plan.outcome == "resumed")
+                resumed = plan.outcome == "resumed"
+                self._spawn(own, plan.state, plan.resume, resumed=resumed, woken=parked)
             else:
                 await plan.end(store, self.broker.writer(own), m, self._side_effect_tools())
         except errors.RunlogError as e:
@@ -485,7 +531,8 @@ class Worker:
             # lease we just took runs out and the run is taken over again.
             log.warning("run %s: takeover failed (%s)", run_id, e)
             return
-        m.takeovers.labels(plan.outcome).inc()
+        if not parked:
+            m.takeovers.labels(plan.outcome).inc()
 
     async def _reap_once(self) -> None:
         store = self.broker.store
@@ -502,6 +549,10 @@ class Worker:
             if self._draining or len(self._runs) >= self.concurrency:
                 return  # full: the other workers take the rest
             await self._take_over(run_id)
+        for run_id in await store.ready_parked_runs():
+            if self._draining or len(self._runs) >= self.concurrency:
+                return
+            await self._take_over(run_id, parked=True)
         for run_id, session_id in await store.stale_queued_runs(s.worker_stale_queued_s):
             if await store.earlier_active_runs(session_id, run_id):
                 continue  # waiting its turn, not lost
