@@ -316,6 +316,12 @@ class Settings:
     worker_stale_queued_s: float = _opt(
         30.0, "A queued run no worker took for this long gets its job sent again (s)."
     )
+    worker_user_max_runs: int = _opt(
+        0,
+        "Most runs one user may have executing at once across all workers (runs; 0: no cap). "
+        "Runs parked on an approval do not count. Past it the user's further runs wait "
+        "queued, and other users' runs take the free slots.",
+    )
     worker_enqueue_retry_s: float = _opt(
         0.5,
         "How long a job waits before it is offered again while an earlier run of its "

@@ -195,6 +195,20 @@ _SESSION_PAGE = (
 LIVENESS_LOCK_NS = 1919709031  # "rlog"
 
 
+# A run some worker executes now: started, unended, not parked on an approval.
+def _executing(t: str) -> str:
+    return f"{t}.status <> 'queued' AND {t}.ended_at IS NULL AND {t}.parked_on IS NULL"
+
+
+def _load(user: str) -> str:
+    """SQL columns `executing, last_started` of `user` (see starter_load)."""
+    return (
+        f"(SELECT count(*) FROM runs x WHERE x.started_by = {user} AND {_executing('x')})"
+        " AS executing, (SELECT coalesce(extract(epoch FROM max(s.started_at)), 0)::float8"
+        f" FROM runs s WHERE s.started_by = {user}) AS last_started"
+    )
+
+
 def _held(key: str) -> str:
     """SQL: whether some session of this database holds the liveness lock `key`."""
     return (
@@ -531,7 +545,7 @@ class Store:
         row = await self.pool.fetchrow(
             "UPDATE runs SET owner_id = $2, owner_epoch = owner_epoch + 1,"
             " lease_until = now() + make_interval(secs => $3), status = 'running',"
-            " owner_lock = $4"
+            " owner_lock = $4, started_at = now()"
             " WHERE run_id = $1 AND status = 'queued' AND ended_at IS NULL"
             " RETURNING run_id, session_id, owner_epoch, last_seq",
             run_id,
@@ -623,6 +637,41 @@ class Store:
             limit,
         )
         return [r[0] for r in rows]
+
+    @_reads("running runs read")
+    async def starter_load(self, run_id: str) -> tuple[str, int, float] | None:
+        """For a queued run: who started it, how many of their runs a worker
+        executes now (started, unended, not parked), and when a run of theirs
+        was last taken (epoch s; 0: never). None if the run is not queued."""
+        row = await self.pool.fetchrow(
+            f"SELECT q.started_by, {_load('q.started_by')} FROM runs q"
+            " WHERE q.run_id = $1 AND q.status = 'queued' AND q.ended_at IS NULL",
+            run_id,
+        )
+        return (row[0], row[1], row[2]) if row is not None else None
+
+    @_reads("queued runs read")
+    async def fairer_queued_run(
+        self, user: str, executing: int, last_started: float
+    ) -> tuple[str, str] | None:
+        """A queued run that may start now (nothing earlier active in its
+        session) of a user with a better claim to the next slot than `user`
+        (who has `executing` runs executing and was last served at
+        `last_started`): fewer executing, or as many and served less
+        recently. Of those, the best user's oldest run: (run_id, session_id)."""
+        row = await self.pool.fetchrow(
+            "SELECT run_id, session_id FROM (SELECT r.run_id, r.session_id, r.created_at,"
+            f" {_load('r.started_by')} FROM runs r"
+            " WHERE r.status = 'queued' AND r.ended_at IS NULL AND r.started_by <> $1"
+            " AND NOT EXISTS (SELECT 1 FROM runs e WHERE e.session_id = r.session_id"
+            " AND e.ended_at IS NULL AND (e.created_at, e.run_id) < (r.created_at, r.run_id))"
+            ") c WHERE (c.executing, c.last_started) < ($2, $3)"
+            " ORDER BY c.executing, c.last_started, c.created_at LIMIT 1",
+            user,
+            executing,
+            last_started,
+        )
+        return (row[0], row[1]) if row is not None else None
 
     @_reads("orphaned runs read")
     async def orphaned_runs(self, limit: int = 100) -> list[tuple[str, int]]:

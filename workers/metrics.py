@@ -25,7 +25,9 @@ _EVENT_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 # when it is decided), or taken away (lost: another worker fenced it).
 RUN_OUTCOMES = ("completed", "aborted", "failed", "released", "parked", "lost")
 TAKEOVER_OUTCOMES = ("resumed", "restarted", "failed", "aborted", "lost_race")
-JOB_OUTCOMES = ("started", "deferred", "duplicate", "bad", "requeued", "woken")
+JOB_OUTCOMES = (
+    "started", "deferred", "duplicate", "bad", "requeued", "woken", "capped", "yielded",
+)  # fmt: skip
 APPROVAL_OUTCOMES = ("approve", "reject", "expired")
 
 
@@ -46,7 +48,9 @@ class WorkerMetrics:
             "runlog_worker_jobs_total",
             "Run jobs handled: started, deferred (an earlier run of the session is active), "
             "duplicate (already taken), bad (undecodable), requeued (a lost job sent again), "
-            "woken (a parked run resumed for its decision, expiry or stop).",
+            "woken (a parked run resumed for its decision, expiry or stop), capped (its user "
+            "has worker_user_max_runs executing), yielded (a run of a user with fewer "
+            "executing was taken first).",
             ["outcome"],
             registry=registry,
         )

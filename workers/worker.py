@@ -273,6 +273,8 @@ class Worker:
                 m.jobs.labels("deferred").inc()
                 await msg.nak(delay=self._retry_delay(msg))
                 return
+            if await self._take_fairer(msg, job.run_id):
+                return
             own = await store.claim_queued(
                 job.run_id, self.worker_id, self.settings.worker_lease_s, self._liveness.key
             )
@@ -290,6 +292,37 @@ class Worker:
             return
         m.jobs.labels("started").inc()
         self._spawn(own, None)
+
+    async def _take_fairer(self, msg: Msg, run_id: str) -> bool:
+        """Fair shares between users: a run whose user has
+        `worker_user_max_runs` executing waits (the job comes back later); a
+        queued run of a user with fewer runs executing than this one's, or
+        as many and served less recently, is taken first (round robin; this
+        job comes back at once). True if the job was handled."""
+        m, store, s = self.metrics, self.broker.store, self.settings
+        assert m is not None
+        load = await store.starter_load(run_id)
+        if load is None:
+            return False  # taken already, or ended: claim_queued says so
+        user, executing, last_started = load
+        cap = s.worker_user_max_runs
+        if cap > 0 and executing >= cap:
+            m.jobs.labels("capped").inc()
+            await msg.nak(delay=self._retry_delay(msg))
+            return True
+        fairer = await store.fairer_queued_run(user, executing, last_started)
+        if fairer is None:
+            return False
+        own = await store.claim_queued(
+            fairer[0], self.worker_id, s.worker_lease_s, self._liveness.key
+        )
+        if own is None:
+            return False  # someone took it meanwhile: this one's turn after all
+        m.jobs.labels("yielded").inc()
+        m.jobs.labels("started").inc()
+        self._spawn(own, None)
+        await msg.nak()
+        return True
 
     async def _take_wake_job(self, msg: Msg, run_id: str) -> None:
         """A parked run has something to act on: resume it here. Acked first:
