@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -57,6 +57,7 @@ from .errors import RunFailure
 from .resume import RETRACTED, read_tail, retract, unretractable
 from .signals import DecisionInfo
 from .toolstep import wait_decision
+from .verify import Replay
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ _OURS = (Stopped, Released, RunFailure, errors.StaleEpoch, errors.RunEnded, erro
 class _StepResult(msgspec.Struct, kw_only=True):
     value: msgspec.Raw
     usage: tuple[int, int, int] = (0, 0, 0)
+    # The log's last seq when the step began: its own events are after it
+    # (-1 in rows from before this field: the replay does not compare the
+    # events before such a step).
+    began: int = -1
 
 
 class _ApprovalRow(msgspec.Struct, kw_only=True):
@@ -109,6 +114,9 @@ class Journal:
         # A tool_result the tail starts with (appended, its row not written
         # before the owner died): the replay must emit it again, the same.
         self._logged_result: events.ToolResult | None = None
+        # On a resume: the log's events up to the last durable point, which
+        # the replay must emit again (verify.py).
+        self._replay: Replay | None = None
 
     @classmethod
     async def load(cls, ctx: RunContext) -> Journal:
@@ -156,6 +164,8 @@ class Journal:
             log.warning("run %s: cannot be resumed (%s)", ctx.run.run_id, reason)
             raise RunFailure("worker_lost", f"the run cannot be resumed: {reason}")
         self._tail = tail
+        if last is not None:
+            self._replay = await self._load_replay(last.seq)
         for ev in tail:
             if isinstance(ev, events.ToolCallStart):
                 ctx.opened.append(ev.tool_call_id)
@@ -163,6 +173,40 @@ class Journal:
         ctx.resulted.update(ctx.opened)  # the retraction gave each its result
         if announce:
             await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
+
+    async def _load_replay(self, through: int) -> Replay:
+        """What the replay is compared with: the log through `through` (the
+        last durable point), less what the steps emitted inside."""
+        ctx = self.ctx
+        logged: list[events.AnyEvent] = []
+        after = 0
+        while after < through:
+            page = await ctx.store.run_page(ctx.run.run_id, after, min(1000, through - after))
+            logged.extend(events.decode_stored(e.payload) for e in page if e.seq <= through)
+            if not page:
+                break
+            after = page[-1].seq
+        inside: list[tuple[int, int]] = []
+        guarded: dict[str, str] = {}
+        prev = 0
+        for rec in self.records:
+            if rec.kind == "step" and rec.name != RESULT_STEP and rec.result is not None:
+                began = _step_decoder.decode(rec.result).began
+                inside.append((began if began >= 0 else prev, rec.seq))
+            elif rec.kind == "approval":
+                row = _approval_of(rec)
+                if row.tool_call_id:
+                    guarded[row.tool_call_id] = row.approval_id
+            prev = rec.seq
+        return Replay(
+            logged,
+            inside,
+            run_id=ctx.run.run_id,
+            epoch=ctx.writer.epoch,
+            append=lambda e: self._ours(ctx.append(e)),
+            fail=self._diverged,
+            guarded=guarded,
+        )
 
     # -- events
 
@@ -177,11 +221,14 @@ class Journal:
         elif isinstance(event, events.ToolResult):
             ctx.resulted.add(event.tool_call_id)
             if not self._in_step:
+                if self.replaying and self._replay is not None:
+                    await self._replay.take(event)  # the same as the log's, or the run fails
                 return await self._result_point(event)
         if not isinstance(event, events.Status | events.Progress):
             self._check_logged_result(f"a {event.__struct_config__.tag}")
         if self.replaying:
-            return  # in the log already
+            if self._replay is None or await self._replay.take(event):
+                return  # in the log already
         await self._ours(ctx.append(event))
 
     async def _result_point(self, event: events.ToolResult) -> None:
@@ -192,6 +239,7 @@ class Journal:
             rec = self._expect(idx, "step", RESULT_STEP)
             if rec.result != blob:
                 self._diverged(f"the tool result for {event.tool_call_id} differs from the log's")
+            await self._replayed(rec)
             self._advance()
             return
         ctx = self.ctx
@@ -222,7 +270,7 @@ class Journal:
         self._check()
         self._check_logged_result("nothing more")
 
-    def _diverged(self, what: str) -> None:
+    def _diverged(self, what: str) -> NoReturn:
         self.fatal = RunFailure(
             "agent_nondeterministic", f"the resumed agent differed from the log: {what}"
         )
@@ -266,6 +314,7 @@ class Journal:
             assert rec.result is not None
             stored = _step_decoder.decode(rec.result)
             self.add_usage(*stored.usage)
+            await self._replayed(rec)
             self._advance()
             return _value(stored.value, type)
         ctx = self.ctx
@@ -273,6 +322,7 @@ class Journal:
             seq = await self._ours(ctx.writer.flush())
             await self._record(idx, name, "step", False, None, seq)
         before = list(self.usage)
+        began = ctx.writer.last_seq
         self._in_step = True
         try:
             value = await fn()
@@ -280,7 +330,8 @@ class Journal:
             self._in_step = False
         data = encode_result(value)
         used = tuple(a - b for a, b in zip(self.usage, before, strict=True))
-        blob = msgspec.json.encode(_StepResult(value=msgspec.Raw(data), usage=used))  # type: ignore[arg-type]
+        result = _StepResult(value=msgspec.Raw(data), usage=used, began=began)  # type: ignore[arg-type]
+        blob = msgspec.json.encode(result)
         seq = await self._ours(ctx.writer.flush())
         await self._record(idx, name, "step", True, blob, seq)
         self._advance()
@@ -307,6 +358,7 @@ class Journal:
                     f"{row.tool_call_id or 'its summary'}; the replay produced another "
                     f"{what} (call digest {digest[:12]}…, approved {row.call_digest[:12]}…)"
                 )
+            await self._replayed(rec)
             if rec.done:
                 self._advance()
                 return Decision(row.decision, row.decided_by, row.comment)  # type: ignore[arg-type]
@@ -420,6 +472,11 @@ class Journal:
         """Once runlog has decided the run's outcome, the agent does nothing more."""
         if self.fatal is not None:
             raise self.fatal
+
+    async def _replayed(self, rec: StepRecord) -> None:
+        """The replay passed `rec`: what the log holds before it was emitted again."""
+        if self._replay is not None:
+            await self._replay.until(rec.seq)
 
     def _expect(self, idx: int, kind: str, name: str) -> StepRecord:
         rec = self.records[idx]

@@ -164,3 +164,32 @@ async def drifting(ctx: AgentContext) -> None:
 
         await ctx.step("restart", restart, retryable=False)
         await ctx.tool_result(call, "ok", "restarted")
+
+
+async def _wait_file(path: Path) -> None:
+    while not await asyncio.to_thread(path.exists):
+        await asyncio.sleep(0.02)
+
+
+async def wavering(ctx: AgentContext) -> None:
+    """What its process says comes out differently on a replay (its pid):
+    text, or a tool call's arguments (`{"dir": d, "in": "text" | "args"}`),
+    then a step, then (once `d/go` exists) a last message. The step ran
+    counts in `d/work`."""
+    spec = json.loads(ctx.input)
+    d = spec["dir"]
+    if spec["in"] == "text":
+        await ctx.text(ctx.message_id(), f"process {os.getpid()} here. ")
+    else:
+        call = ctx.tool_call_id()
+        await ctx.tool_start(call, "lookup")
+        await ctx.tool_args(call, json.dumps({"asked_by": os.getpid()}))
+        await ctx.tool_end(call)
+
+    async def work() -> int:
+        _count(d, "work")
+        return 7
+
+    found = await ctx.step("work", work)
+    await _wait_file(Path(d) / "go")
+    await ctx.text(ctx.message_id(), f"found {found}.")
