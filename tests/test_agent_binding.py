@@ -133,9 +133,7 @@ async def test_kill_9_during_the_final_answer_after_the_tool_ran_resumes(
         evs = await read_run(client, run_id)
     assert evs[-1].status == "completed", of(evs, events.RunError)  # type: ignore[union-attr]
     assert (_count(tmp_path, "delete"), _count(tmp_path, "report")) == (1, 1)
-    assert [(r.status, r.summary) for r in of(evs, events.ToolResult)] == [
-        ("ok", "deleted 3 rows")
-    ]
+    assert [(r.status, r.summary) for r in of(evs, events.ToolResult)] == [("ok", "deleted 3 rows")]
     (reset,) = of(evs, events.MessageReset)
     after = [d for d in of(evs, events.TextDelta) if d.seq > reset.seq]
     assert "".join(d.delta for d in after) == "".join(f"w{i} " for i in range(400)) + "end."

@@ -9,8 +9,8 @@ the test's own process, through `GATES` (asyncio events by name).
 from __future__ import annotations
 
 import asyncio
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any
 
