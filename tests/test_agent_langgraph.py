@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.messages.tool import tool_call_chunk
@@ -129,10 +130,12 @@ async def test_a_tool_call_streams_its_arguments_then_its_result(
         ("result", ("ok", "found 3 otters")),
     ]
     kinds = [type(e).__name__ for e in evs]
+    # A tool result follows the superstep that ran the tool (its step stored),
+    # so it comes after that superstep's own status.
     assert kinds == [
         "RunStart", "TextDelta", "TextDelta", "TextDelta",
         "ToolCallStart", "ToolArgsDelta", "ToolArgsDelta", "ToolCallEnd", "Status",
-        "Progress", "Progress", "ToolResult", "Status",
+        "Progress", "Progress", "Status", "ToolResult",
         "TextDelta", "TextDelta", "TextDelta", "TextDelta", "Status", "RunEnd",
     ]  # fmt: skip
     assert [(p.label, p.done, p.total) for p in of(evs, events.Progress)] == [
@@ -272,6 +275,55 @@ async def test_kill_9_mid_stream_reissues_the_model_call_elsewhere(
     # The model call, issued again from the checkpoint (not with the input sent twice).
     assert _kept_text(evs) == words + " [1]"
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def _approve(b: Broker, run_id: str) -> events.ApprovalRequired:
+    req = await wait_event(b, run_id, "approval_required")
+    assert isinstance(req, events.ApprovalRequired)
+    await b.decide(req.approval_id, "approve", "bob", "")
+    return req
+
+
+@pytest.mark.parametrize("hold", ["before_tool", "after_tool", "answer"])
+async def test_kill_9_around_the_approved_tool_resumes_and_runs_it_once(
+    settings: Settings, client: Broker, tmp_path: Path, hold: str
+) -> None:
+    """Killed mid-stream before the tool call, right after the approved tool
+    ran (its tool_result is logged), or during the answer after it: the run
+    resumes elsewhere, the tool ran once. (Killed while waiting for the
+    approval: test_kill_9_while_waiting_for_approval_resumes_the_graph_elsewhere.)"""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _spec(tmp_path, say="On it.", tool="delete", hold=hold))
+        if hold == "before_tool":
+            await wait_event(client, run_id, "text_delta")
+        else:
+            req = await _approve(client, run_id)
+            await wait_event(client, run_id, "tool_result")
+            if hold == "answer":
+                await wait_event(client, run_id, "text_delta", count=3)  # "Done:"
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, agent=AGENT, purge=False):
+        if hold == "before_tool":
+            req = await _approve(client, run_id)
+        evs = await read_run(client, run_id)
+    assert of(evs, events.RunError) == []
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert _deleted(tmp_path) == [run_id]  # the approved effect, exactly once
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    assert [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)] == [
+        (req.tool_call_id, "ok")
+    ]  # never retracted
+    assert [s.code for s in of(evs, events.Status)].count("resumed") == 1
+    assert _kept_text(evs) == "On it.Done: deleted 2 rows."
+    resets = of(evs, events.MessageReset)
+    after = "".join(
+        d.delta for d in of(evs, events.TextDelta) if not resets or d.seq > resets[-1].seq
+    )
+    assert after == ("Done: deleted 2 rows." if hold == "answer" else "On it.Done: deleted 2 rows.")
 
 
 # -- stop and failures

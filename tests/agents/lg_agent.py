@@ -15,7 +15,11 @@ runs), e.g. {"say": "Hello there", "tool": "delete", "dir": "/tmp/x"}:
 - `gate`: after the first chunk, wait for `GATES[gate]` (in-process tests);
   the model notes in `SEEN[gate]` that its stream was cancelled or closed;
 - `count`: the first reply ends with how many messages the model was given;
-- `fail`: the model raises.
+- `fail`: the model raises;
+- `hold`: the model waits for the file `dir`/go (a gate across processes: a
+  worker to be killed waits there for good) at that point: "before_tool"
+  after its words and before its tool call, "after_tool" before its answer to
+  a tool result, "answer" after that answer's first chunk.
 After a tool result the model answers "Done: <result>."
 """
 
@@ -73,16 +77,35 @@ class ScriptedChat(BaseChatModel):
         spec = _spec(messages)
         name = spec.get("gate", "")
         hang_after = int(os.environ.get(HANG_AFTER, "0"))
+        answering = isinstance(messages[-1], ToolMessage)
         try:
             for i, chunk in enumerate(_reply(spec, messages)):
                 if hang_after and i == hang_after:
                     await asyncio.Event().wait()  # a worker that is about to be killed
+                if _holds(spec.get("hold"), answering, i, chunk):
+                    while not (Path(spec["dir"]) / "go").exists():
+                        await asyncio.sleep(0.05)
                 yield ChatGenerationChunk(message=chunk)
                 if i == 0 and name:
                     await gate(name).wait()
         except (asyncio.CancelledError, GeneratorExit) as e:
             SEEN.setdefault(name, []).append(type(e).__name__)
             raise
+
+
+def _holds(hold: str | None, answering: bool, i: int, chunk: AIMessageChunk) -> bool:
+    match hold:
+        case "before_tool":
+            return (
+                not answering
+                and bool(chunk.tool_call_chunks)
+                and chunk.tool_call_chunks[0]["name"] is not None
+            )
+        case "after_tool":
+            return answering and i == 0
+        case "answer":
+            return answering and i == 1
+    return False
 
 
 def _reply(spec: dict[str, Any], messages: list[BaseMessage]) -> list[AIMessageChunk]:
