@@ -23,7 +23,9 @@ inside a superstep: that segment runs again from the last checkpoint (`None`
 as input, or the same `Command(resume=...)` while the interrupt is still
 pending), so a model call in flight is issued again (runlog retracts its
 partial text) and its nodes run again (a tool too, unless it waits in
-`interrupt()` for its decision). The graph's static
+`interrupt()` for its decision), but not the nodes that had finished: LangGraph
+applies their saved writes without streaming them, so their tool results are
+read from the state at the segment's end. The graph's static
 breakpoints (`interrupt_before/after`) are superstep boundaries here, not
 pauses; `recursion_limit` counts supersteps since the input or the last resume,
 as LangGraph does per invocation.
@@ -49,6 +51,7 @@ from langchain_core.messages import (
     AIMessage,
     BaseMessage,
     HumanMessage,
+    ToolMessage,
 )
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -319,6 +322,7 @@ class _Run:
             self._graph = self.agent.graph.copy(update={"checkpointer": await self._saver()})
         graph = self._graph
         inp: Any = None
+        retried = self.retrying
         if self.retrying:
             # The last owner may have run part of this segment: go on from
             # the last checkpoint rather than send the input again.
@@ -360,6 +364,13 @@ class _Run:
             reasoning_tokens=mapper.usage[2],
         )
         snap = await _checked(graph.aget_state(self.config))
+        if retried and mapper.calls:
+            # A task the last owner finished is not run again: LangGraph applies
+            # its saved writes and streams no messages of it. Its tool results
+            # are in the state.
+            for msg in _tool_messages(snap.values):
+                if msg.tool_call_id in mapper.calls:
+                    await self._apply(mapper.feed(((), "messages", (msg, {}))), results)
         interrupts = []
         for x in snap.interrupts:
             value = _as_json(x.value)
@@ -404,6 +415,15 @@ class _Run:
             await (await self._saver()).adelete_thread(self.ctx.run_id)
         except (AgentError, psycopg.Error, PoolTimeout) as e:
             log.warning("run %s: checkpoints not deleted (%s)", self.ctx.run_id, e)
+
+
+def _tool_messages(values: Any) -> list[ToolMessage]:
+    """The ToolMessages in a graph state's message lists."""
+    if not isinstance(values, dict):
+        return []
+    return [
+        m for v in values.values() if isinstance(v, list) for m in v if isinstance(m, ToolMessage)
+    ]
 
 
 _END = object()
