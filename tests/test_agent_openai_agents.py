@@ -338,6 +338,31 @@ async def test_kill_9_around_the_approved_tool_resumes_and_runs_it_once(
     assert after == full
 
 
+async def test_kill_9_after_a_tool_without_approval_ran_in_the_segment_fails_worker_lost(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """The limit: `lookup` (no approval) ran inside the segment the dead
+    worker did not finish; running the segment again would run it again."""
+    spec = _spec(tool="lookup", args=['{"q": "x"}'], hold="answer", gate_dir=str(tmp_path))
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, spec)
+        await wait_event(client, run_id, "text_delta")  # the answer after the tool's result
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        evs = await read_run(client, run_id)
+    (result,) = of(evs, events.ToolResult)
+    err, end = evs[-2:]
+    assert isinstance(err, events.RunError)
+    assert (err.code, err.message) == (
+        "worker_lost",
+        f"the run cannot be resumed: tool_result at seq {result.seq} after the last durable point",
+    )
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+
+
 async def test_a_stop_ends_the_sdk_run_and_closes_the_model_stream(settings: Settings) -> None:
     tag = _tag()
     async with running_worker(settings, agent=AGENT) as (b, _):

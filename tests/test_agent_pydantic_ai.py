@@ -336,6 +336,30 @@ async def test_kill_9_while_the_approved_tool_runs_fails_the_run_rather_than_run
     assert not (tmp_path / "sent").exists()
 
 
+async def test_kill_9_after_a_tool_without_approval_ran_in_the_segment_fails_worker_lost(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """The limit: `lookup` (no approval) ran inside the segment the dead
+    worker did not finish; running the segment again would run it again."""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _input(do="lookup", dir=str(tmp_path), hold="answer"))
+        await wait_event(client, run_id, "text_delta")  # the answer after the tool's result
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        evs = await read_run(client, run_id)
+    (result,) = of(evs, events.ToolResult)
+    err, end = evs[-2:]
+    assert isinstance(err, events.RunError)
+    assert (err.code, err.message) == (
+        "worker_lost",
+        f"the run cannot be resumed: tool_result at seq {result.seq} after the last durable point",
+    )
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+
+
 async def test_a_stop_closes_the_models_stream_and_aborts_the_run(
     settings: Settings, tmp_path: Path
 ) -> None:
