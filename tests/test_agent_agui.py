@@ -39,7 +39,7 @@ from ag_ui.core import (
 )
 from aiohttp import web
 
-from broker import events
+from broker import events, steps
 from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
@@ -304,8 +304,18 @@ async def test_an_approval_decided_over_rest_resumes_the_upstream(
         ) as r:
             assert r.status == 201, await r.text()
         evs = await read_run(b, run_id)
+        recs = await steps.load(b.store.pool, run_id)
     assert up.side_effects == 1
     check_resumed(up, "approve", "go")
+    # The resume's answer is cut at the tool's result, a durable point between
+    # two segments read from the same stream (no third POST).
+    assert [(r.name, r.done) for r in recs] == [
+        ("segment-0", True),
+        ("approval", True),
+        ("segment-1", True),
+        ("runlog:tool_result", True),
+        ("segment-2", True),
+    ]
     assert body_of(evs) == [
         ("text_delta", "I will send the report. "),
         ("tool_call_start", "send_report", "low"),
@@ -472,6 +482,176 @@ async def test_kill_9_while_the_resume_streams_fails_the_run_step_interrupted(
     err, end = evs[-2], evs[-1]
     assert isinstance(err, events.RunError) and err.code == "step_interrupted", err
     assert isinstance(end, events.RunEnd) and end.status == "failed"
+
+
+async def _approve(b: Broker, run_id: str) -> events.ApprovalRequired:
+    req = await wait_event(b, run_id, "approval_required")
+    assert isinstance(req, events.ApprovalRequired)
+    await b.decide(req.approval_id, "approve", "bob", "go")
+    return req
+
+
+def kill_point_script(up_ref: list[Upstream], hold: str) -> Callable[[Exchange], Awaitable[None]]:
+    """approval_script's run, whose stream hangs for good at `hold` in the
+    worker to be killed: "before_tool" (the first POST, before the call),
+    "after_tool" (the resume, right after the tool's result), "answer" (the
+    resume, in the middle of the answer). A POST that carries the tool's
+    result and no resume (an AG-UI client continuing the conversation) gets
+    the answer."""
+
+    async def script(ex: Exchange) -> None:
+        up = up_ref[0]
+        await ex.started()
+        answered = any(m.role == "tool" for m in ex.input.messages)
+        if not ex.input.resume and not answered:
+            await ex.send(
+                TextMessageStartEvent(message_id="a1", role="assistant"),
+                TextMessageContentEvent(message_id="a1", delta="I will send the report. "),
+            )
+            if hold == "before_tool" and len(up.requests) == 1:
+                await asyncio.Event().wait()
+            await ex.send(
+                TextMessageEndEvent(message_id="a1"),
+                ToolCallStartEvent(
+                    tool_call_id="c1", tool_call_name="send_report", parent_message_id="a1"
+                ),
+                ToolCallArgsEvent(tool_call_id="c1", delta='{"to": "team"}'),
+                ToolCallEndEvent(tool_call_id="c1"),
+                finished(ex, outcome=RunFinishedInterruptOutcome(interrupts=[INTERRUPT])),
+            )
+            return
+        if ex.input.resume:
+            up.side_effects += 1
+            await ex.send(ToolCallResultEvent(message_id="t1", tool_call_id="c1", content="sent"))
+            if hold == "after_tool":
+                await asyncio.Event().wait()
+            await ex.send(
+                TextMessageStartEvent(message_id="a2", role="assistant"),
+                TextMessageContentEvent(message_id="a2", delta="the summary "),
+            )
+            if hold == "answer":
+                await asyncio.Event().wait()
+            await ex.send(
+                TextMessageContentEvent(message_id="a2", delta="was sent"),
+                TextMessageEndEvent(message_id="a2"),
+                finished(ex),
+            )
+            return
+        await ex.send(
+            TextMessageStartEvent(message_id="a3", role="assistant"),
+            TextMessageContentEvent(message_id="a3", delta="the summary was sent"),
+            TextMessageEndEvent(message_id="a3"),
+            finished(ex),
+        )
+
+    return script
+
+
+@pytest.mark.parametrize("hold", ["before_tool", "after_tool", "answer"])
+async def test_kill_9_around_the_approved_tool_resumes_and_runs_it_once(
+    settings: Settings,
+    client: Broker,
+    tmp_path: Path,
+    upstream_env: Callable[[str], None],
+    hold: str,
+) -> None:
+    """Killed mid-stream before the tool call, right after the upstream ran
+    the approved tool (its tool_result is logged), or during the answer after
+    it: the run resumes elsewhere and the upstream ran the tool once. (Killed
+    while waiting for the approval:
+    test_kill_9_while_waiting_for_approval_resumes_on_another_worker.)"""
+    ref: list[Upstream] = []
+    async with serving(kill_point_script(ref, hold)) as up:
+        ref.append(up)
+        doomed = WorkerProcess(
+            settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT
+        )
+        doomed.env["RUNLOG_AGUI_URL"] = up.url
+        await doomed.start()
+        try:
+            _, run_id = await start(client, "send the report")
+            if hold == "before_tool":
+                await wait_event(client, run_id, "text_delta")
+            else:
+                req = await _approve(client, run_id)
+                await wait_event(client, run_id, "tool_result")
+                if hold == "answer":
+                    await wait_event(client, run_id, "text_delta", count=2)
+        finally:
+            await doomed.kill()
+        upstream_env(up.url)
+        async with running_worker(settings, purge=False, agent=AGENT):
+            if hold == "before_tool":
+                req = await _approve(client, run_id)
+            evs = await read_run(client, run_id)
+    assert of(evs, events.RunError) == []
+    assert isinstance(evs[-1], events.RunEnd) and evs[-1].status == "completed"
+    assert up.side_effects == 1  # the approved tool, run once by the upstream
+    assert [len(r.resume or ()) for r in up.requests] == (
+        [0, 0, 1] if hold == "before_tool" else [0, 1, 0]
+    )  # the resume[] POSTed once
+    if hold != "before_tool":  # the continuation carries the tool's result
+        last = up.requests[2].messages[-1].model_dump(by_alias=True, exclude_none=True)
+        assert last == {"id": "t1", "role": "tool", "toolCallId": "c1", "content": "sent"}
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    assert [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)] == [
+        (req.tool_call_id, "ok")
+    ]  # never retracted
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    reset = {e.message_id for e in of(evs, events.MessageReset)}
+    kept = "".join(d.delta for d in of(evs, events.TextDelta) if d.message_id not in reset)
+    assert kept == "I will send the report. the summary was sent"
+    resets = of(evs, events.MessageReset)
+    after = "".join(
+        d.delta for d in of(evs, events.TextDelta) if not resets or d.seq > resets[-1].seq
+    )
+    assert after == ("the summary was sent" if hold == "answer" else kept)
+
+
+async def test_kill_9_after_a_tool_result_of_the_first_post_continues_from_it(
+    settings: Settings, client: Broker, tmp_path: Path, upstream_env: Callable[[str], None]
+) -> None:
+    """A tool the upstream runs without an approval: its result is a durable
+    point too, and the takeover POSTs a continuation instead of failing."""
+
+    async def script(ex: Exchange) -> None:
+        await ex.started()
+        if any(m.role == "tool" for m in ex.input.messages):
+            await ex.send(
+                TextMessageStartEvent(message_id="a2", role="assistant"),
+                TextMessageContentEvent(message_id="a2", delta="it is sunny"),
+                finished(ex),
+            )
+            return
+        up.side_effects += 1
+        await ex.send(
+            ToolCallStartEvent(tool_call_id="c1", tool_call_name="weather"),
+            ToolCallEndEvent(tool_call_id="c1"),
+            ToolCallResultEvent(message_id="t1", tool_call_id="c1", content="sunny"),
+            TextMessageStartEvent(message_id="a1", role="assistant"),
+            TextMessageContentEvent(message_id="a1", delta="it is "),
+        )
+        await asyncio.Event().wait()  # the worker dies meanwhile
+
+    async with serving(script) as up:
+        doomed = WorkerProcess(
+            settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT
+        )
+        doomed.env["RUNLOG_AGUI_URL"] = up.url
+        await doomed.start()
+        try:
+            _, run_id = await start(client, "weather?")
+            await wait_event(client, run_id, "text_delta")
+        finally:
+            await doomed.kill()
+        upstream_env(up.url)
+        async with running_worker(settings, purge=False, agent=AGENT):
+            evs = await read_run(client, run_id)
+    assert isinstance(evs[-1], events.RunEnd) and evs[-1].status == "completed"
+    assert up.side_effects == 1 and len(up.requests) == 2
+    assert [(r.status, r.summary) for r in of(evs, events.ToolResult)] == [("ok", "sunny")]
+    (reset,) = of(evs, events.MessageReset)
+    assert [d.delta for d in of(evs, events.TextDelta) if d.seq > reset.seq] == ["it is sunny"]
 
 
 # -- stop

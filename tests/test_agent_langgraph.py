@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.messages.tool import tool_call_chunk
@@ -34,6 +35,7 @@ from .workerkit import (
     start,
     text_of,
     wait_event,
+    wait_until,
 )
 
 AGENT = "tests.agents.lg_agent:agent"
@@ -63,6 +65,16 @@ async def _checkpoints(b: Broker, run_id: str) -> int:
     return n
 
 
+async def _tool_writes(b: Broker, run_id: str) -> bool:
+    """Whether LangGraph saved a ToolMessage write of the run (a finished tools task)."""
+    n: int = await b.store.pool.fetchval(
+        "SELECT count(*) FROM checkpoint_writes WHERE thread_id = $1 AND channel = 'messages'"
+        " AND task_path LIKE '%tools%'",
+        run_id,
+    )
+    return n > 0
+
+
 def _card(evs: list[events.AnyEvent], tool_name: str) -> list[tuple[str, Any]]:
     """The events of the run's one `tool_name` card, as (type, detail)."""
     (start_,) = [e for e in of(evs, events.ToolCallStart) if e.tool_name == tool_name]
@@ -82,6 +94,13 @@ def _card(evs: list[events.AnyEvent], tool_name: str) -> list[tuple[str, Any]]:
         elif isinstance(e, events.ApprovalRequired):
             out.append(("approval", e.summary))
     return out
+
+
+def _async(pred: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return pred()
+
+    return check
 
 
 def _kept_text(evs: list[events.AnyEvent]) -> str:
@@ -130,10 +149,12 @@ async def test_a_tool_call_streams_its_arguments_then_its_result(
         ("result", ("ok", "found 3 otters")),
     ]
     kinds = [type(e).__name__ for e in evs]
+    # A tool result follows the superstep that ran the tool (its step stored),
+    # so it comes after that superstep's own status.
     assert kinds == [
         "RunStart", "TextDelta", "TextDelta", "TextDelta",
         "ToolCallStart", "ToolArgsDelta", "ToolArgsDelta", "ToolCallEnd", "Status",
-        "Progress", "Progress", "ToolResult", "Status",
+        "Progress", "Progress", "Status", "ToolResult",
         "TextDelta", "TextDelta", "TextDelta", "TextDelta", "Status", "RunEnd",
     ]  # fmt: skip
     assert [(p.label, p.done, p.total) for p in of(evs, events.Progress)] == [
@@ -273,6 +294,135 @@ async def test_kill_9_mid_stream_reissues_the_model_call_elsewhere(
     # The model call, issued again from the checkpoint (not with the input sent twice).
     assert _kept_text(evs) == words + " [1]"
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def _approve(b: Broker, run_id: str) -> events.ApprovalRequired:
+    req = await wait_event(b, run_id, "approval_required")
+    assert isinstance(req, events.ApprovalRequired)
+    await b.decide(req.approval_id, "approve", "bob", "")
+    return req
+
+
+@pytest.mark.parametrize("hold", ["before_tool", "after_tool", "answer"])
+async def test_kill_9_around_the_approved_tool_resumes_and_runs_it_once(
+    settings: Settings, client: Broker, tmp_path: Path, hold: str
+) -> None:
+    """Killed mid-stream before the tool call, right after the approved tool
+    ran (its tool_result is logged), or during the answer after it: the run
+    resumes elsewhere, the tool ran once. (Killed while waiting for the
+    approval: test_kill_9_while_waiting_for_approval_resumes_the_graph_elsewhere.)"""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _spec(tmp_path, say="On it.", tool="delete", hold=hold))
+        if hold == "before_tool":
+            await wait_event(client, run_id, "text_delta")
+        else:
+            req = await _approve(client, run_id)
+            await wait_event(client, run_id, "tool_result")
+            if hold == "answer":
+                await wait_event(client, run_id, "text_delta", count=3)  # "Done:"
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, agent=AGENT, purge=False):
+        if hold == "before_tool":
+            req = await _approve(client, run_id)
+        evs = await read_run(client, run_id)
+    assert of(evs, events.RunError) == []
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert _deleted(tmp_path) == [run_id]  # the approved effect, exactly once
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    assert [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)] == [
+        (req.tool_call_id, "ok")
+    ]  # never retracted
+    assert [s.code for s in of(evs, events.Status)].count("resumed") == 1
+    assert _kept_text(evs) == "On it.Done: deleted 2 rows."
+    resets = of(evs, events.MessageReset)
+    after = "".join(
+        d.delta for d in of(evs, events.TextDelta) if not resets or d.seq > resets[-1].seq
+    )
+    assert after == ("Done: deleted 2 rows." if hold == "answer" else "On it.Done: deleted 2 rows.")
+
+
+async def test_kill_9_during_the_answer_after_a_tool_without_approval_resumes(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """`lookup` has no approval: its result, appended after its superstep was
+    stored, is a durable point too; the answer's superstep runs again."""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _spec(tmp_path, say="On it.", tool="lookup", hold="answer"))
+        await wait_event(client, run_id, "text_delta", count=3)  # "Done:"
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, agent=AGENT, purge=False):
+        evs = await read_run(client, run_id)
+    assert of(evs, events.RunError) == []
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert [(r.status, r.summary) for r in of(evs, events.ToolResult)] == [("ok", "found 3 otters")]
+    assert len(of(evs, events.Progress)) == 2  # the tool ran once
+    (reset,) = of(evs, events.MessageReset)
+    after = [d.delta for d in of(evs, events.TextDelta) if d.seq > reset.seq]
+    assert "".join(after) == "Done: found 3 otters."
+
+
+async def test_kill_9_while_the_approved_tool_runs_runs_its_superstep_again(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """LangGraph's own durability: the superstep that was running is run
+    again from its checkpoint, the tool with it (after its interrupt(), with
+    the stored decision): its side effect happened twice."""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(
+            client, _spec(tmp_path, say="On it.", tool="delete", hold="in_tool")
+        )
+        req = await _approve(client, run_id)
+        await wait_until(_async(lambda: len(_deleted(tmp_path)) == 1))
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, agent=AGENT, purge=False):
+        evs = await read_run(client, run_id)
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert _deleted(tmp_path) == [run_id, run_id]
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    assert [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)] == [
+        (req.tool_call_id, "ok")
+    ]
+
+
+async def test_kill_9_while_a_node_beside_the_tools_runs_keeps_the_tools_result(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """`lookup` finished (LangGraph saved its writes) while `audit`, in the
+    same superstep, still runs: the superstep runs again without `lookup`,
+    whose result LangGraph applies from its writes and does not stream again.
+    The result is read from the graph's state instead, and `lookup` ran once."""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(
+            client, _spec(tmp_path, say="Let me look.", tool="lookup", audit=True)
+        )
+        await wait_event(client, run_id, "progress", count=2)
+        await wait_until(lambda: _tool_writes(client, run_id))
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, agent=AGENT, purge=False):
+        evs = await read_run(client, run_id)
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert len(of(evs, events.Progress)) == 2  # lookup ran once
+    (card,) = of(evs, events.ToolCallStart)
+    assert [(r.tool_call_id, r.status, r.summary) for r in of(evs, events.ToolResult)] == [
+        (card.tool_call_id, "ok", "found 3 otters")
+    ]
+    assert _kept_text(evs) == "Let me look.Done: found 3 otters."
 
 
 # -- stop and failures

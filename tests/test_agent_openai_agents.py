@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from broker import events, steps
 from broker.runtime import Broker
@@ -55,6 +56,12 @@ def _async(pred: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return pred()
 
     return check
+
+
+def _kept_text(evs: list[events.AnyEvent]) -> str:
+    """The run's text without the messages it reset."""
+    reset = {e.message_id for e in of(evs, events.MessageReset)}
+    return "".join(d.delta for d in of(evs, events.TextDelta) if d.message_id not in reset)
 
 
 def _card_events(evs: list[events.AnyEvent]) -> list[events.AnyEvent]:
@@ -278,6 +285,83 @@ async def test_kill_9_mid_stream_resumes_the_segment_on_another_worker(
     assert [e.delta for e in of(evs, events.TextDelta) if e.message_id == dead] == ["thinking"]
     assert [e.delta for e in of(evs, events.TextDelta) if e.message_id == live] == ["Hel", "lo"]
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def _approve(b: Broker, run_id: str) -> events.ApprovalRequired:
+    req = await wait_event(b, run_id, "approval_required")
+    assert isinstance(req, events.ApprovalRequired)
+    await b.decide(req.approval_id, "approve", "bob", "")
+    return req
+
+
+@pytest.mark.parametrize("hold", ["before_tool", "after_tool", "answer"])
+async def test_kill_9_around_the_approved_tool_resumes_and_runs_it_once(
+    settings: Settings, client: Broker, tmp_path: Path, hold: str
+) -> None:
+    """Killed mid-stream before the tool call, right after the approved tool
+    ran (its tool_result is logged), or during the answer after it: the run
+    resumes elsewhere, the tool ran once. (Killed while waiting for the
+    approval: test_kill_9_while_waiting_for_the_approval_resumes_on_another_worker.)"""
+    spec = _spec(tool="delete_rows", args=_delete_args(tmp_path), hold=hold, gate_dir=str(tmp_path))
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, spec)
+        if hold == "before_tool":
+            await wait_event(client, run_id, "text_delta")
+        else:
+            req = await _approve(client, run_id)
+            await wait_event(client, run_id, "tool_result")
+            if hold == "answer":
+                await wait_event(client, run_id, "text_delta")
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        if hold == "before_tool":
+            req = await _approve(client, run_id)
+        evs = await read_run(client, run_id)
+    assert of(evs, events.RunError) == []
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert counted(tmp_path, "delete") == 1  # the approved side effect, once
+    _the_card(evs, req)
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    assert [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)] == [
+        (req.tool_call_id, "ok")
+    ]  # never retracted
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    full = ("Sending. " if hold == "before_tool" else "") + "done: deleted 2 rows"
+    assert _kept_text(evs) == full
+    resets = of(evs, events.MessageReset)
+    after = "".join(
+        d.delta for d in of(evs, events.TextDelta) if not resets or d.seq > resets[-1].seq
+    )
+    assert after == full
+
+
+async def test_kill_9_after_a_tool_without_approval_ran_in_the_segment_fails_worker_lost(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """The limit: `lookup` (no approval) ran inside the segment the dead
+    worker did not finish; running the segment again would run it again."""
+    spec = _spec(tool="lookup", args=['{"q": "x"}'], hold="answer", gate_dir=str(tmp_path))
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, worker_lease_s=2.0, **IN_SLOT)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, spec)
+        await wait_event(client, run_id, "text_delta")  # the answer after the tool's result
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        evs = await read_run(client, run_id)
+    (result,) = of(evs, events.ToolResult)
+    err, end = evs[-2:]
+    assert isinstance(err, events.RunError)
+    assert (err.code, err.message) == (
+        "worker_lost",
+        f"the run cannot be resumed: tool_result at seq {result.seq} after the last durable point",
+    )
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
 
 
 async def test_a_stop_ends_the_sdk_run_and_closes_the_model_stream(settings: Settings) -> None:

@@ -5,6 +5,7 @@ run by runlog workers, in-process and as `runlog worker` processes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +19,7 @@ from pydantic_ai.exceptions import (
     UserError,
 )
 
-from broker import events, ids
+from broker import events, ids, steps
 from broker.runtime import Broker
 from broker.settings import Settings
 from workers.frameworks.pydantic_ai import coded
@@ -36,6 +37,7 @@ from .workerkit import (
     stored,
     text_of,
     wait_event,
+    wait_until,
 )
 
 AGENT = "tests.agents.pa_agent:agent"
@@ -48,6 +50,19 @@ def _input(**kw: object) -> str:
 
 def _types(evs: list[events.AnyEvent]) -> list[str]:
     return [type(e).__name__ for e in evs]
+
+
+def _async(pred: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return pred()
+
+    return check
+
+
+def _kept_text(evs: list[events.AnyEvent]) -> str:
+    """The run's text without the messages it reset."""
+    reset = {e.message_id for e in of(evs, events.MessageReset)}
+    return "".join(d.delta for d in of(evs, events.TextDelta) if d.message_id not in reset)
 
 
 async def test_tokens_reach_a_subscriber_while_the_model_streams(settings: Settings) -> None:
@@ -127,6 +142,7 @@ async def test_an_approval_through_rest_runs_the_tool(
         ) as r:
             assert r.status == 201, await r.text()
         evs = await read_run(b, run_id)
+        recs = await steps.load(b.store.pool, run_id)
     _check_card(evs, req)
     (dec,) = of(evs, events.ApprovalDecided)
     assert (dec.decision, dec.decided_by, dec.comment) == ("approve", "bob", "go")
@@ -135,6 +151,17 @@ async def test_an_approval_through_rest_runs_the_tool(
     assert text_of(evs) == "send_report: sent to bob"
     assert (tmp_path / "sent").read_text() == "x"
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    # The approved call ran in a step of its own, stopped before the model's
+    # next turn; its result is a durable point after it, the answer the next segment's.
+    assert [(r.name, r.done) for r in recs] == [
+        ("segment-0", True),
+        ("approval", True),
+        ("tools-1", True),
+        ("runlog:tool_result", True),
+        ("segment-2", True),
+    ]
+    (answer,) = of(evs, events.TextDelta)
+    assert recs[2].seq < result.seq == recs[3].seq < answer.seq <= recs[4].seq
 
 
 async def test_a_rejection_through_websocket_reaches_the_model(
@@ -228,6 +255,110 @@ async def test_kill_9_mid_stream_issues_the_model_call_again_and_retracts_its_te
     assert "".join(e.delta for e in again) == "Hello world"
     assert partial.message_id not in {e.message_id for e in again}
     assert evs[-1].status == "completed"  # type: ignore[union-attr]
+
+
+async def _approve(b: Broker, run_id: str) -> events.ApprovalRequired:
+    req = await wait_event(b, run_id, "approval_required")
+    assert isinstance(req, events.ApprovalRequired)
+    await b.decide(req.approval_id, "approve", "bob", "")
+    return req
+
+
+# Where a kill -9 lands, by the `hold` of pa_agent's "send" (its model waits
+# there for good in the doomed worker), and the answer the run must end with.
+_KILL_POINTS = {
+    "before_tool": "Sending. send_report: sent to bob",  # mid-stream, before the call
+    "after_tool": "send_report: sent to bob",  # the tool ran, its tool_result is logged
+    "answer": "send_report: sent to bob",  # during the answer after the tool ran
+}
+
+
+@pytest.mark.parametrize("hold", list(_KILL_POINTS))
+async def test_kill_9_around_the_approved_tool_resumes_and_runs_it_once(
+    settings: Settings, client: Broker, tmp_path: Path, hold: str
+) -> None:
+    """The other kill point, waiting for the approval, is
+    test_kill_9_while_waiting_for_approval_resumes_on_another_worker."""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _input(do="send", dir=str(tmp_path), hold=hold))
+        if hold == "before_tool":
+            await wait_event(client, run_id, "text_delta")
+        else:
+            req = await _approve(client, run_id)
+            await wait_event(client, run_id, "tool_result")
+            if hold == "answer":
+                await wait_event(client, run_id, "text_delta")
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        if hold == "before_tool":
+            req = await _approve(client, run_id)
+        evs = await read_run(client, run_id)
+    assert of(evs, events.RunError) == []
+    assert evs[-1].status == "completed"  # type: ignore[union-attr]
+    assert (tmp_path / "sent").read_text() == "x"  # the approved side effect, once
+    _check_card(evs, req)
+    assert len(of(evs, events.ApprovalRequired)) == 1
+    assert [(r.tool_call_id, r.status) for r in of(evs, events.ToolResult)] == [
+        (req.tool_call_id, "ok")
+    ]  # never retracted
+    assert [s.code for s in of(evs, events.Status)] == ["resumed"]
+    answer = _KILL_POINTS[hold]
+    assert _kept_text(evs) == answer
+    resets = of(evs, events.MessageReset)
+    after = [d for d in of(evs, events.TextDelta) if not resets or d.seq > resets[-1].seq]
+    assert "".join(d.delta for d in after) == answer
+
+
+async def test_kill_9_while_the_approved_tool_runs_fails_the_run_rather_than_run_it_twice(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _input(do="send", dir=str(tmp_path), hold="in_tool"))
+        await _approve(client, run_id)
+        await wait_until(_async((tmp_path / "started").exists))
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        evs = await read_run(client, run_id)
+    err, end = evs[-2:]
+    assert isinstance(err, events.RunError)
+    assert (err.code, err.retryable, err.message) == (
+        "step_interrupted", False, "step 'tools-1' was running"
+    )  # fmt: skip
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
+    assert (tmp_path / "started").read_text() == "x"
+    assert not (tmp_path / "sent").exists()
+
+
+async def test_kill_9_after_a_tool_without_approval_ran_in_the_segment_fails_worker_lost(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """The limit: `lookup` (no approval) ran inside the segment the dead
+    worker did not finish; running the segment again would run it again."""
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=AGENT, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, _input(do="lookup", dir=str(tmp_path), hold="answer"))
+        await wait_event(client, run_id, "text_delta")  # the answer after the tool's result
+    finally:
+        await doomed.kill()
+    async with running_worker(settings, purge=False, agent=AGENT):
+        evs = await read_run(client, run_id)
+    (result,) = of(evs, events.ToolResult)
+    err, end = evs[-2:]
+    assert isinstance(err, events.RunError)
+    assert (err.code, err.message) == (
+        "worker_lost",
+        f"the run cannot be resumed: tool_result at seq {result.seq} after the last durable point",
+    )
+    assert isinstance(end, events.RunEnd) and end.status == "failed"
 
 
 async def test_a_stop_closes_the_models_stream_and_aborts_the_run(

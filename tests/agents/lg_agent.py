@@ -15,7 +15,14 @@ runs), e.g. {"say": "Hello there", "tool": "delete", "dir": "/tmp/x"}:
 - `gate`: after the first chunk, wait for `GATES[gate]` (in-process tests);
   the model notes in `SEEN[gate]` that its stream was cancelled or closed;
 - `count`: the first reply ends with how many messages the model was given;
-- `fail`: the model raises.
+- `fail`: the model raises;
+- `audit`: the tools run beside a node `audit` (the same superstep), which
+  waits for the file `dir`/go;
+- `hold`: the model waits for the file `dir`/go (a gate across processes: a
+  worker to be killed waits there for good) at that point: "before_tool"
+  after its words and before its tool call, "after_tool" before its answer to
+  a tool result, "answer" after that answer's first chunk; "in_tool": in
+  `delete_rows`, right after its side effect.
 After a tool result the model answers "Done: <result>."
 """
 
@@ -24,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -50,7 +58,7 @@ def gate(name: str) -> asyncio.Event:
     return GATES.setdefault(name, asyncio.Event())
 
 
-def _spec(messages: list[BaseMessage]) -> dict[str, Any]:
+def _spec(messages: Sequence[BaseMessage]) -> dict[str, Any]:
     """This run's input: the last human message (earlier ones are the session's)."""
     last = next(m for m in reversed(messages) if isinstance(m, HumanMessage))
     spec: dict[str, Any] = json.loads(last.text)
@@ -73,16 +81,35 @@ class ScriptedChat(BaseChatModel):
         spec = _spec(messages)
         name = spec.get("gate", "")
         hang_after = int(os.environ.get(HANG_AFTER, "0"))
+        answering = isinstance(messages[-1], ToolMessage)
         try:
             for i, chunk in enumerate(_reply(spec, messages)):
                 if hang_after and i == hang_after:
                     await asyncio.Event().wait()  # a worker that is about to be killed
+                if _holds(spec.get("hold"), answering, i, chunk):
+                    while not (Path(spec["dir"]) / "go").exists():
+                        await asyncio.sleep(0.05)
                 yield ChatGenerationChunk(message=chunk)
                 if i == 0 and name:
                     await gate(name).wait()
         except (asyncio.CancelledError, GeneratorExit) as e:
             SEEN.setdefault(name, []).append(type(e).__name__)
             raise
+
+
+def _holds(hold: str | None, answering: bool, i: int, chunk: AIMessageChunk) -> bool:
+    match hold:
+        case "before_tool":
+            return (
+                not answering
+                and bool(chunk.tool_call_chunks)
+                and chunk.tool_call_chunks[0]["name"] is not None
+            )
+        case "after_tool":
+            return answering and i == 0
+        case "answer":
+            return answering and i == 1
+    return False
 
 
 def _reply(spec: dict[str, Any], messages: list[BaseMessage]) -> list[AIMessageChunk]:
@@ -129,8 +156,12 @@ def delete_rows(
     decision = interrupt({"summary": f"delete rows {ids}?", "tool_call_id": tool_call_id})
     if not decision["approved"]:
         return f"not deleted ({decision['decision']}: {decision['comment']})"
-    with (Path(_spec(state["messages"])["dir"]) / "deleted").open("a") as f:
+    spec = _spec(state["messages"])
+    with (Path(spec["dir"]) / "deleted").open("a") as f:
         f.write(config["configurable"]["thread_id"] + "\n")
+    if spec.get("hold") == "in_tool":
+        while not (Path(spec["dir"]) / "go").exists():  # in a thread of LangGraph's
+            time.sleep(0.05)
     return f"deleted {len(ids)} rows"
 
 
@@ -140,16 +171,26 @@ def build_graph() -> StateGraph[Any]:
     async def llm(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
-    def route(state: MessagesState) -> str:
+    def route(state: MessagesState) -> str | list[str]:
         last = state["messages"][-1]
-        return "tools" if getattr(last, "tool_calls", None) else END
+        if not getattr(last, "tool_calls", None):
+            return END
+        return ["tools", "audit"] if _spec(state["messages"]).get("audit") else "tools"
+
+    async def audit(state: MessagesState) -> dict[str, Any]:
+        """Beside the tools, in their superstep: waits for `dir`/go."""
+        while not (Path(_spec(state["messages"])["dir"]) / "go").exists():
+            await asyncio.sleep(0.05)
+        return {}
 
     b = StateGraph(MessagesState)
     b.add_node("llm", llm)
     b.add_node("tools", ToolNode([lookup, delete_rows]))
+    b.add_node("audit", audit)
     b.add_edge(START, "llm")
-    b.add_conditional_edges("llm", route, ["tools", END])
+    b.add_conditional_edges("llm", route, ["tools", "audit", END])
     b.add_edge("tools", "llm")
+    b.add_edge("audit", "llm")
     return b
 
 

@@ -13,7 +13,12 @@ run's input asks for, a JSON object:
   {"stall": "tag"}  one word, then waits forever (records how its stream ended);
   {"stall_once": dir, "words": [...]}  the first call (of any process) stalls, later
       ones stream the words;
-  {"error": "rate_limit" | "boom"}, {"loop": true}  fails / calls lookup forever.
+  {"error": "rate_limit" | "boom"}, {"loop": true}  fails / calls lookup forever;
+  {"tool": ..., "hold": point, "gate_dir": dir}  the model waits for the file
+      dir/go (a gate across processes: a worker to be killed waits there for
+      good) at that point: "before_tool" after "Sending. " and before the
+      call, "after_tool" before its answer, "answer" in the middle of it
+      (after "done: ").
 Side effects are counted in files under the spec's "dir" (across processes);
 in-process tests also see `SEEN` (what the model noticed, by tag).
 """
@@ -214,17 +219,27 @@ class ScriptModel(Model):
             async for e in _stall("once"):
                 yield e
             return
+        hold = spec.get("hold")
         if spec.get("loop") or ("tool" in spec and not outputs):
             name = "lookup" if spec.get("loop") else spec["tool"]
             pieces = spec.get("args", ['{"q": "x"}'])
-            for e in _call_events(name, pieces, len(outputs)):
+            before: list[ResponseOutputItem] = []
+            if hold == "before_tool":
+                text = _message_events(0, ["Sending. "])
+                for e in text:
+                    yield e
+                before.append(text[-1].item)
+                await _wait_for_go(spec)
+            for e in _call_events(name, pieces, len(outputs), before):
                 yield e
             return
+        if outputs and hold == "after_tool":
+            await _wait_for_go(spec)
         if spec.get("echo"):  # what the model was given, as [role, content] pairs
             said = [[_get(i, "role"), _text(_get(i, "content"))] for i in input if _get(i, "role")]
             words = [json.dumps(said)]
         elif outputs:
-            words = [f"done: {outputs[-1]}"]
+            words = ["done: ", outputs[-1]] if hold == "answer" else [f"done: {outputs[-1]}"]
         else:
             words = list(spec.get("words", ["ok"]))
         out: list[ResponseOutputItem] = []
@@ -255,12 +270,23 @@ class ScriptModel(Model):
             yield e
             if i == 1 and "gate" in spec:  # the first word is out: wait for the test
                 await gate(spec["gate"]).wait()
+            if i == 1 and outputs and hold == "answer":
+                await _wait_for_go(spec)
         out.append(events[-1].item)
         yield _completed(out, _usage(11, len(words), 2 if "reasoning" in spec else 0))
 
 
-def _call_events(name: str, pieces: list[str], n: int) -> list[Any]:
+async def _wait_for_go(spec: dict[str, Any]) -> None:
+    while not (Path(spec["gate_dir"]) / "go").exists():
+        await asyncio.sleep(0.05)
+
+
+def _call_events(
+    name: str, pieces: list[str], n: int, said: list[ResponseOutputItem] | None = None
+) -> list[Any]:
+    """A function call at the output index after what the response `said`."""
     call_id = f"call_{n}"
+    index = len(said or [])
     fc = ResponseFunctionToolCall(
         id=f"fc_{n}", call_id=call_id, type="function_call", name=name, arguments="",
         status="in_progress",
@@ -268,22 +294,22 @@ def _call_events(name: str, pieces: list[str], n: int) -> list[Any]:
     done = fc.model_copy(update={"arguments": "".join(pieces), "status": "completed"})
     return [
         ResponseOutputItemAddedEvent(
-            type="response.output_item.added", item=fc, output_index=0, sequence_number=0
+            type="response.output_item.added", item=fc, output_index=index, sequence_number=0
         ),
         *[
             ResponseFunctionCallArgumentsDeltaEvent(
                 type="response.function_call_arguments.delta",
                 item_id=f"fc_{n}",
-                output_index=0,
+                output_index=index,
                 delta=p,
                 sequence_number=0,
             )
             for p in pieces
         ],
         ResponseOutputItemDoneEvent(
-            type="response.output_item.done", item=done, output_index=0, sequence_number=0
+            type="response.output_item.done", item=done, output_index=index, sequence_number=0
         ),
-        _completed([done], _usage(5, 3)),
+        _completed([*(said or []), done], _usage(5, 3)),
     ]
 
 

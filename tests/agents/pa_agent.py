@@ -9,7 +9,12 @@ says what the model streams:
 - {"do": "lookup"}: a call of `lookup` whose arguments stream in two pieces,
   then an answer quoting what the tool returned;
 - {"do": "send", "dir": d}: the same with `send_report`, which requires
-  approval; its side effect appends to `d/sent`;
+  approval; its side effect appends to `d/sent`. With "hold": the model
+  waits for the file `d/go` (a gate across processes: a worker to be killed
+  waits there for good) at that point: "before_tool" after "Sending. " and
+  before the call, "after_tool" before its answer, "answer" in the middle of
+  its answer (after "send_report: "), and "in_tool": the tool itself, after
+  appending to `d/started` and before its side effect;
 - {"do": "await_file", "dir": d}: "Hello", then (once the file `d/go` exists:
   a gate across processes) " world";
 - {"do": "hang", "dir": d}: "Working", then waits forever; how its stream was
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,10 +93,19 @@ async def _stream(
     messages: list[ModelMessage], info: AgentInfo
 ) -> AsyncIterator[str | DeltaToolCalls | DeltaThinkingCalls]:
     spec = _spec(messages)
+    hold = spec.get("hold")
     last = messages[-1]
     returned = [p for p in last.parts if isinstance(p, ToolReturnPart)]
     if returned:
-        yield f"{returned[0].tool_name}: {returned[0].model_response_str()}"
+        if hold == "after_tool":
+            await _wait_for_go(spec)
+        name, got = returned[0].tool_name, returned[0].model_response_str()
+        if hold == "answer":
+            yield f"{name}: "
+            await _wait_for_go(spec)
+            yield got
+        else:
+            yield f"{name}: {got}"
         return
     match spec["do"]:
         case "answer":
@@ -100,13 +115,15 @@ async def _stream(
             yield " world"
         case "await_file":
             yield "Hello"
-            while not (Path(spec["dir"]) / "go").exists():
-                await asyncio.sleep(0.05)
+            await _wait_for_go(spec)
             yield " world"
         case "lookup":
             for d in _call("lookup", ['{"city": ', '"Paris"}']):
                 yield d
         case "send":
+            if hold == "before_tool":
+                yield "Sending. "
+                await _wait_for_go(spec)
             for d in _call("send_report", ['{"to": ', '"bob"}']):
                 yield d
         case "hang":
@@ -120,6 +137,11 @@ async def _stream(
             yield {0: DeltaThinkingPart(content="hmm")}
         case "history":
             yield "".join(f"{line}\n" for line in _lines(messages[:-1]))
+
+
+async def _wait_for_go(spec: dict[str, Any]) -> None:
+    while not (Path(spec["dir"]) / "go").exists():
+        await asyncio.sleep(0.05)
 
 
 def _lines(messages: list[ModelMessage]) -> list[str]:
@@ -145,7 +167,12 @@ def lookup(city: str) -> str:
 
 @base.tool(requires_approval=True)
 def send_report(ctx: RunContext[None], to: str) -> str:
-    _append(_spec(ctx.messages)["dir"], "sent", "x")
+    spec = _spec(ctx.messages)
+    if spec.get("hold") == "in_tool":
+        _append(spec["dir"], "started", "x")
+        while not (Path(spec["dir"]) / "go").exists():  # a thread of Pydantic AI's
+            time.sleep(0.05)
+    _append(spec["dir"], "sent", "x")
     return f"sent to {to}"
 
 

@@ -206,7 +206,7 @@ class StreamMapper:
             status = "error"
         elif card in self._denied:
             status = "denied"
-        text = msg.text
+        text = str(msg.text)  # a str subclass (TextAccessor) that msgspec does not encode
         out.append(("tool_result", (card, status, _first_line(text), text)))
 
     def _close(self, out: list[Emit], which: Callable[[_Message], bool], only: str = "") -> None:

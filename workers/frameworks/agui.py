@@ -25,16 +25,23 @@ answer onto the agent API:
 | RUN_ERROR | `AgentError` upstream_error |
 | anything else (CUSTOM, STATE_*, MESSAGES_SNAPSHOT, ACTIVITY_*, RAW, SUBAGENT_*, unknown types) | ignored |
 
-Durability: each POST and its stream is one step, `segment-<i>`; its stored
-result (`Segment`) holds the id maps, the AG-UI messages produced so far
-(sent back on a resume, as an AG-UI client does) and the interrupts. A
-takeover replays the stored segments and the decided approvals, then POSTs
-the next segment on the new worker: a run waiting for an approval resumes
-there, and the upstream gets the resume once. A segment cut by a dying worker
-is POSTed again (its partial text retracted by runlog) if it is the first
-one; a segment that answers interrupts is not retryable unless
-`idempotent_resume=True` (the upstream would otherwise run what it resumes
-twice): the run then fails `step_interrupted`.
+Durability: a POST's answer is read in steps, `segment-<i>`, each stopping
+at RUN_FINISHED or at a TOOL_CALL_RESULT (a cut); its stored result
+(`Segment`) holds the id maps, the AG-UI messages produced so far (sent back
+on the next POST, as an AG-UI client does), and the interrupts or the tool
+result it stopped at. That result is emitted after the step (a durable
+point), and the next segment reads on from the same stream. A takeover
+replays the stored segments and the decided approvals, then goes on on the
+new worker: a run waiting for an approval POSTs the resume there (the
+upstream gets it once); a run cut after a tool result POSTs the messages so
+far, that result included, with no resume (a continuation, as an AG-UI
+client that lost its stream sends), and the upstream answers on from there.
+A segment cut by a dying worker before any tool result is POSTed again (its
+partial text retracted by runlog) unless it answers interrupts: then it is
+not retryable unless `idempotent_resume=True` (the upstream would run what
+it resumes twice), and the run fails `step_interrupted`. An answer to
+interrupts is cut only once each of their calls has its result (until then
+the upstream may be running one); not at all if an interrupt names no call.
 
 Stop: the agent's task is cancelled, which closes the HTTP response (the
 upstream sees the client go away). Failures are `AgentError`s with the codes
@@ -47,7 +54,7 @@ import datetime
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol, cast, get_args
 
@@ -83,11 +90,11 @@ from ag_ui.core import (
 )
 
 from broker.events import RiskLevel, ToolStatus
-from workers.adapters._sse import SSEClient, Timeouts, clean_message
+from workers.adapters._sse import SSEClient, SSEEvent, Timeouts, clean_message
 from workers.api import AgentContext, AgentError, ChatMessage, Decision
 from workers.model import ModelError
 
-__all__ = ["CODES", "AgUiAgent", "Segment", "agent", "agui_agent", "default_answer"]
+__all__ = ["CODES", "AgUiAgent", "Result", "Segment", "agent", "agui_agent", "default_answer"]
 
 URL_ENV = "RUNLOG_AGUI_URL"
 HEADERS_ENV = "RUNLOG_AGUI_HEADERS"
@@ -144,12 +151,24 @@ class Carry(msgspec.Struct, kw_only=True):
     tools_ended: list[str] = []  # AG-UI tool call ids whose card is closed
 
 
+class Result(msgspec.Struct, kw_only=True):
+    """A TOOL_CALL_RESULT a segment stopped at, as its `tool_result`."""
+
+    tool_call_id: str  # runlog's card
+    status: ToolStatus
+    summary: str
+    output: str
+
+
 class Segment(msgspec.Struct, kw_only=True):
-    """The stored result of one POST: what follows it, and the interrupts it
-    ended with (AG-UI wire JSON; empty: the run is done)."""
+    """The stored result of one part of a POST's answer: what follows it, and
+    how it ended: at a tool result (`result`: emitted after the step, and the
+    answer goes on in the next segment), or at RUN_FINISHED with the
+    interrupts (AG-UI wire JSON; none: the run is done)."""
 
     carry: Carry
     interrupts: list[Item] = []
+    result: Result | None = None
 
 
 # -- the pure core: AG-UI events in, agent API calls out
@@ -179,18 +198,31 @@ _KNOWN_TYPES = frozenset(t.value for t in EventType)
 
 
 class Translator:
-    """One segment's stream: `feed(data)` per SSE event, in order; then
-    `segment()`. Raises only `AgentError`. Lenient where nothing is lost
-    (an END for an unknown call is ignored), strict where it would be
-    (arguments for a call never started are an `upstream_bad_response`)."""
+    """One POST's stream: `feed(data)` per SSE event, in order, until
+    `finished` or `held`; then `segment()`. Raises only `AgentError`. Lenient
+    where nothing is lost (an END for an unknown call is ignored), strict
+    where it would be (arguments for a call never started are an
+    `upstream_bad_response`).
+
+    `cut`: where the stream may be cut into segments. None: nowhere. A
+    collection of AG-UI tool call ids: at the first TOOL_CALL_RESULT once each
+    of them has its result (empty: at every TOOL_CALL_RESULT). That result is
+    then `held` (not sent to the sink) and `go_on()` resumes the feeding."""
 
     def __init__(
-        self, sink: Sink, carry: Carry, *, tool_risk: Mapping[str, RiskLevel] | None = None
+        self,
+        sink: Sink,
+        carry: Carry,
+        *,
+        tool_risk: Mapping[str, RiskLevel] | None = None,
+        cut: Collection[str] | None = None,
     ) -> None:
         self.sink = sink
         # A copy: a segment that fails leaves the stored carry as it was.
         self.c = msgspec.convert(msgspec.to_builtins(carry), Carry)
         self.tool_risk = tool_risk or {}
+        self.cut = None if cut is None else frozenset(cut)
+        self.held: Result | None = None
         self.finished: RunFinishedEvent | None = None
         self._ended = set(self.c.tools_ended)
         self._ignored: set[str] = set()  # non-assistant text messages
@@ -202,9 +234,15 @@ class Translator:
         self._calls: dict[str, Item] = {
             call["id"]: call for m in self.c.messages for call in m.get("toolCalls") or ()
         }
+        self._answered = {m.get("toolCallId") for m in self.c.messages if m.get("role") == "tool"}
+
+    def go_on(self, cut: Collection[str] | None) -> None:
+        """Feed on after a held result, cutting by `cut` from now on."""
+        self.held = None
+        self.cut = None if cut is None else frozenset(cut)
 
     async def feed(self, data: str) -> None:
-        if self.finished is not None:
+        if self.finished is not None or self.held is not None:
             return
         try:
             raw = json.loads(data)
@@ -303,14 +341,17 @@ class Translator:
                 pass  # RUN_STARTED, CUSTOM, state, snapshots, activity, raw, subagents
 
     def segment(self) -> Segment:
-        """What the stream ended with (raises if it ended without an end)."""
+        """Where the stream stopped: at a held result, or at its end (raises
+        if it ended without RUN_FINISHED or RUN_ERROR)."""
+        self.c.tools_ended = sorted(self._ended)
+        if self.held is not None:
+            return Segment(carry=self.c, result=self.held)
         if self.finished is None:
             raise AgentError(
                 "upstream_incomplete",
                 "the upstream's stream ended without RUN_FINISHED or RUN_ERROR",
                 retryable=True,
             )
-        self.c.tools_ended = sorted(self._ended)
         outcome = self.finished.outcome
         interrupts: list[Item] = []
         if isinstance(outcome, RunFinishedInterruptOutcome):
@@ -409,11 +450,18 @@ class Translator:
         summary = lines[0][:_SUMMARY_CHARS] if lines else ""
         self._add_message({"id": ev.message_id, "role": "tool", "toolCallId": tid,
                            "content": ev.model_dump(by_alias=True, mode="json")["content"]})  # fmt: skip
+        self._answered.add(tid)
+        result = Result(
+            tool_call_id=self.c.tool_ids[tid],
+            status=cast(ToolStatus, status) if status in _TOOL_STATUSES else "ok",
+            summary=summary,
+            output=text,
+        )
+        if self.cut is not None and self.cut <= self._answered:
+            self.held = result
+            return
         await self.sink.tool_result(
-            self.c.tool_ids[tid],
-            cast(ToolStatus, status) if status in _TOOL_STATUSES else "ok",
-            summary,
-            text,
+            result.tool_call_id, result.status, result.summary, result.output
         )
 
     # -- the rest
@@ -502,28 +550,47 @@ class AgUiAgent:
         history = _history(ctx, await ctx.conversation())
         carry = Carry()
         resume: list[Item] | None = None
+        cut: list[str] | None = []  # where the POST's answer may be cut (Translator)
+        answer = _Answer()
         i = 0
-        while True:
-            body = self._body(ctx, history + carry.messages, resume)
-            seg = await ctx.step(
-                f"segment-{i}",
-                functools.partial(self._segment, ctx, body, carry),
-                retryable=resume is None or self.idempotent_resume,
-                type=Segment,
-            )
-            carry = seg.carry
-            if not seg.interrupts:
-                return
-            resume = []
-            for raw in seg.interrupts:
-                intr = Interrupt.model_validate(raw)
-                d = await ctx.approval(
-                    intr.message or intr.reason,
-                    tool_call_id=carry.tool_ids.get(intr.tool_call_id or "", ""),
-                    timeout_s=_timeout_s(intr.expires_at),
+        try:
+            while True:
+                body = functools.partial(self._body, ctx, history + carry.messages, resume)
+                seg = await ctx.step(
+                    f"segment-{i}",
+                    functools.partial(self._segment, ctx, answer, body, carry, cut),
+                    retryable=resume is None or self.idempotent_resume,
+                    type=Segment,
                 )
-                resume.append(self.answer(intr, d).model_dump(by_alias=True, mode="json"))
-            i += 1
+                carry = seg.carry
+                i += 1
+                if seg.result is not None:
+                    # A durable point; what follows is a continuation: after
+                    # a takeover, a POST of the messages so far, no resume.
+                    r = seg.result
+                    await ctx.tool_result(r.tool_call_id, r.status, r.summary, r.output)
+                    resume, cut = None, []
+                    continue
+                await answer.aclose()
+                if not seg.interrupts:
+                    return
+                resume, cut = [], []
+                for raw in seg.interrupts:
+                    intr = Interrupt.model_validate(raw)
+                    d = await ctx.approval(
+                        intr.message or intr.reason,
+                        tool_call_id=carry.tool_ids.get(intr.tool_call_id or "", ""),
+                        timeout_s=_timeout_s(intr.expires_at),
+                    )
+                    resume.append(self.answer(intr, d).model_dump(by_alias=True, mode="json"))
+                    # Cut only once every answered interrupt's call has its
+                    # result: until then the upstream may be running one.
+                    if cut is not None and intr.tool_call_id:
+                        cut.append(intr.tool_call_id)
+                    else:
+                        cut = None
+        finally:
+            await answer.aclose()
 
     def _body(self, ctx: AgentContext, messages: list[Item], resume: list[Item] | None) -> bytes:
         try:
@@ -538,27 +605,80 @@ class AgUiAgent:
             ) from e
         return inp.model_dump_json(by_alias=True).encode()
 
-    async def _segment(self, ctx: AgentContext, body: bytes, carry: Carry) -> Segment:
-        tr = Translator(ctx, carry, tool_risk=self.tool_risk)
-        s = ctx.settings
-        timeouts = Timeouts(
-            connect_s=_CONNECT_S, first_byte_s=s.model_timeout_s, read_s=s.model_timeout_s
-        )
-        # A session per segment: nothing pooled outlives the stream (and a
-        # cancelled stream's socket is closed, not returned to a pool).
-        async with aiohttp.ClientSession() as http:
-            client = SSEClient(http, timeouts, redact=self._redact)
-            try:
-                async with aclosing(client.post(self.url, headers=self.headers, body=body)) as b:
-                    async for batch in b:
-                        for ev in batch:
-                            await tr.feed(ev.data)
-                        if tr.finished is not None:
-                            break
-            except ModelError as e:
-                code = _FROM_MODEL.get(e.code, "upstream_bad_response")
-                raise AgentError(code, "AG-UI upstream: " + e.message, retryable=e.retryable) from e
+    async def _segment(
+        self,
+        ctx: AgentContext,
+        answer: _Answer,
+        body: Callable[[], bytes],
+        carry: Carry,
+        cut: list[str] | None,
+    ) -> Segment:
+        """Read the answer being read (this execution's, after a held result)
+        or POST `body()`, until RUN_FINISHED or a result to hold."""
+        if answer.tr is None:
+            s = ctx.settings
+            timeouts = Timeouts(
+                connect_s=_CONNECT_S, first_byte_s=s.model_timeout_s, read_s=s.model_timeout_s
+            )
+            answer.open(
+                Translator(ctx, carry, tool_risk=self.tool_risk, cut=cut),
+                self.url, self.headers, body(), timeouts, self._redact,
+            )  # fmt: skip
+        else:
+            answer.tr.go_on(cut)
+        tr, datas = answer.tr, answer.datas
+        assert tr is not None and datas is not None
+        try:
+            async for data in datas:
+                await tr.feed(data)
+                if tr.finished is not None or tr.held is not None:
+                    break
+        except ModelError as e:
+            code = _FROM_MODEL.get(e.code, "upstream_bad_response")
+            raise AgentError(code, "AG-UI upstream: " + e.message, retryable=e.retryable) from e
         return tr.segment()
+
+
+class _Answer:
+    """The upstream's answer to one POST, as it is read: it outlives a
+    segment that stopped at a tool result, and the next one reads on."""
+
+    def __init__(self) -> None:
+        self.tr: Translator | None = None
+        self.datas: AsyncGenerator[str, None] | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    def open(
+        self,
+        tr: Translator,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        timeouts: Timeouts,
+        redact: tuple[str, ...],
+    ) -> None:
+        # A session per POST: nothing pooled outlives the stream (and a
+        # cancelled stream's socket is closed, not returned to a pool).
+        self._http = aiohttp.ClientSession()
+        client = SSEClient(self._http, timeouts, redact=redact)
+        self.tr, self.datas = tr, _datas(client.post(url, headers=headers, body=body))
+
+    async def aclose(self) -> None:
+        datas, http = self.datas, self._http
+        self.tr = self.datas = self._http = None
+        try:
+            if datas is not None:
+                await datas.aclose()  # closes the response (its socket, if unread)
+        finally:
+            if http is not None:
+                await http.close()
+
+
+async def _datas(batches: AsyncGenerator[list[SSEEvent], None]) -> AsyncGenerator[str, None]:
+    async with aclosing(batches) as b:
+        async for batch in b:
+            for ev in batch:
+                yield ev.data
 
 
 def agui_agent(

@@ -11,15 +11,21 @@ resumes the graph with `Command(resume={interrupt id: resume_value(...)})`.
 Durability. The graph runs one superstep per `astream` call (LangGraph's
 `interrupt_after="*"`; `astream(None)` goes on from the checkpoint), and each
 call is a `ctx.step` (`segment-{i}`) whose stored result is what the adapter
-needs afterwards: the pending interrupts, and which LangGraph tool call is
-which runlog tool card. So a takeover replays the stored segments without
-running the graph, waits on (or finds) the same approval, and runs the next
-superstep from the PostgreSQL checkpoint on the new worker. A worker that dies
+needs afterwards: the pending interrupts, which LangGraph tool call is which
+runlog tool card, and the superstep's tool results, which are emitted after
+its step (each a durable point): a tool result is in the log only once the
+superstep that ran the tool is stored. So a takeover replays the stored
+segments without running the graph, waits on (or finds) the same approval, and
+runs the next superstep from the PostgreSQL checkpoint on the new worker; a
+worker killed after a tool result reached the log (during the answer after an
+approved tool, say) is resumed at the next superstep. A worker that dies
 inside a superstep: that segment runs again from the last checkpoint (`None`
 as input, or the same `Command(resume=...)` while the interrupt is still
 pending), so a model call in flight is issued again (runlog retracts its
-partial text) -- unless a tool result of that superstep is in the log already,
-which cannot be retracted (the run fails `worker_lost`). The graph's static
+partial text) and its nodes run again (a tool too, unless it waits in
+`interrupt()` for its decision), but not the nodes that had finished: LangGraph
+applies their saved writes without streaming them, so their tool results are
+read from the state at the segment's end. The graph's static
 breakpoints (`interrupt_before/after`) are superstep boundaries here, not
 pauses; `recursion_limit` counts supersteps since the input or the last resume,
 as LangGraph does per invocation.
@@ -45,6 +51,7 @@ from langchain_core.messages import (
     AIMessage,
     BaseMessage,
     HumanMessage,
+    ToolMessage,
 )
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -56,7 +63,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from broker.events import RiskLevel
+from broker.events import RiskLevel, ToolStatus
 from workers.api import AgentContext, AgentError, Decision
 
 from ._langgraph_stream import Emit, StreamMapper
@@ -107,11 +114,21 @@ class _Interrupt(msgspec.Struct, kw_only=True):
     value: Any = None  # the interrupt's value as JSON (what resume_value gets, live or replayed)
 
 
+class _Result(msgspec.Struct, kw_only=True):
+    """A tool result of the superstep, emitted after its step."""
+
+    card: str
+    status: ToolStatus
+    summary: str
+    output: str
+
+
 class _Segment(msgspec.Struct, kw_only=True):
     interrupts: list[_Interrupt] = []
     done: bool = False  # the graph has no next task
     calls: dict[str, str] = {}  # LangGraph tool call id -> runlog tool card, until its result
     streamed: list[str] = []  # LangGraph message ids already shown
+    results: list[_Result] = []
 
 
 def _as_json(value: Any) -> Any:
@@ -280,6 +297,8 @@ class _Run:
             self.state = await ctx.step(
                 f"segment-{i}", functools.partial(self._segment, i, resume), type=_Segment
             )
+            for r in self.state.results:  # each a durable point, after the superstep's
+                await ctx.tool_result(r.card, r.status, r.summary, r.output)
             i += 1
             since_input += 1
             if self.state.interrupts:
@@ -303,6 +322,7 @@ class _Run:
             self._graph = self.agent.graph.copy(update={"checkpointer": await self._saver()})
         graph = self._graph
         inp: Any = None
+        retried = self.retrying
         if self.retrying:
             # The last owner may have run part of this segment: go on from
             # the last checkpoint rather than send the input again.
@@ -331,18 +351,26 @@ class _Run:
                 inp, self.config, stream_mode=_MODES, subgraphs=True, interrupt_after="*"
             ),
         )
+        results: list[_Result] = []
         try:
             while (item := await _next(stream)) is not _END:
-                await self._apply(mapper.feed(item))
+                await self._apply(mapper.feed(item), results)
         finally:
             await stream.aclose()  # cancels the graph's tasks (their model streams) at once
-        await self._apply(mapper.finish())
+        await self._apply(mapper.finish(), results)
         self.ctx.usage(
             input_tokens=mapper.usage[0],
             output_tokens=mapper.usage[1],
             reasoning_tokens=mapper.usage[2],
         )
         snap = await _checked(graph.aget_state(self.config))
+        if retried and mapper.calls:
+            # A task the last owner finished is not run again: LangGraph applies
+            # its saved writes and streams no messages of it. Its tool results
+            # are in the state.
+            for msg in _tool_messages(snap.values):
+                if msg.tool_call_id in mapper.calls:
+                    await self._apply(mapper.feed(((), "messages", (msg, {}))), results)
         interrupts = []
         for x in snap.interrupts:
             value = _as_json(x.value)
@@ -360,15 +388,21 @@ class _Run:
             done=not snap.next and not interrupts,
             calls=mapper.calls,
             streamed=mapper.streamed,
+            results=results,
         )
 
     def _new_id(self, kind: str) -> str:
         return self.ctx.message_id() if kind == "m" else self.ctx.tool_call_id()
 
-    async def _apply(self, emits: list[Emit]) -> None:
+    async def _apply(self, emits: list[Emit], results: list[_Result]) -> None:
         for method, args in emits:
             if method == "tool_start":  # (card, name, risk): risk is keyword-only
                 await self.ctx.tool_start(args[0], args[1], risk=args[2])
+            elif method == "tool_result":
+                # Held for after the step: a tool result in the log says the
+                # tool ran, and must follow the stored superstep that ran it.
+                card, status, summary, output = args
+                results.append(_Result(card=card, status=status, summary=summary, output=output))
             else:
                 await getattr(self.ctx, method)(*args)
 
@@ -381,6 +415,15 @@ class _Run:
             await (await self._saver()).adelete_thread(self.ctx.run_id)
         except (AgentError, psycopg.Error, PoolTimeout) as e:
             log.warning("run %s: checkpoints not deleted (%s)", self.ctx.run_id, e)
+
+
+def _tool_messages(values: Any) -> list[ToolMessage]:
+    """The ToolMessages in a graph state's message lists."""
+    if not isinstance(values, dict):
+        return []
+    return [
+        m for v in values.values() if isinstance(v, list) for m in v if isinstance(m, ToolMessage)
+    ]
 
 
 _END = object()

@@ -8,19 +8,33 @@ message per model response; a tool call part becomes a tool card whose
 argument text streams as it comes, ended once the part is complete; each tool
 result (function, output or native tool) becomes its `tool_result`.
 
-Durability. A run is a chain of segments. A segment is one `Agent.run` until it
-ends or defers tool calls that need approval (`requires_approval=True`; the
-agent's output types include `DeferredToolRequests`). Each segment is a
-`ctx.step` whose stored result is the message history and the pending
-approvals; each approval is then a `ctx.approval`, and the next segment goes
-on from the stored history with the decisions (`DeferredToolResults`). So a
-worker killed while an approval is waited on is replayed elsewhere: the
-stored segments return their histories without calling the model, the replay
-waits on (or finds) the same approval, and the approved tool runs in the next
-segment, once. A takeover in the middle of a segment runs that segment again
-from its start: its model calls are issued again (runlog retracts their
-partial text) -- unless a tool result of that segment is in the log already,
-which cannot be retracted (the run fails `worker_lost`).
+Durability. A run is a chain of steps. A segment (`segment-{i}`) is one
+`Agent.run` until it ends or defers tool calls that need approval
+(`requires_approval=True`; the agent's output types include
+`DeferredToolRequests`); its stored result is the message history and the
+pending approvals. Each approval is a `ctx.approval`. The decisions then go to
+a tools step (`tools-{i}`, not retryable): `Agent.iter` with the stored history
+and the `DeferredToolResults`, which runs the approved calls (and tells the
+model of the denied ones) and is stopped before the model's next turn; it
+stores the history ending in the request the model has not answered yet (the
+calls' returns). Their `tool_result`s are emitted after that step, each a
+durable point of its own, and the next segment sends the stored request. So,
+for a worker killed -9:
+- while streaming (a segment's model call or tools without approval): that
+  segment runs again from its start on the new owner; its model calls are
+  issued again (runlog retracts their partial text) -- unless a tool result of
+  that segment is in the log already, which cannot be retracted (the run fails
+  `worker_lost`: the tools it ran would run again);
+- while an approval is waited on: the stored segments return their histories
+  without calling the model, the replay waits on (or finds) the same approval,
+  and the tools step runs on the new owner: the approved tool runs once;
+- while the approved tool runs (inside the tools step): the run fails
+  `step_interrupted` rather than run it twice;
+- once the approved tool ran (its result in the log), or while the answer after
+  it streams: the new owner replays up to the results (checked against the
+  log, neither retracted nor appended again) and runs the next segment, which
+  sends the stored request: the answer is asked for again, its partial text
+  retracted.
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ from typing import Any
 import msgspec
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai import (
+    AgentRunResult,
     DeferredToolRequests,
     DeferredToolResults,
     RunContext,
@@ -83,6 +98,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.usage import RunUsage, UsageLimits
+from pydantic_graph import End
 
 from broker.events import RiskLevel, ToolStatus
 from workers.api import Agent, AgentContext, AgentError, ChatMessage, Decision
@@ -100,11 +116,22 @@ class _Pending(msgspec.Struct, frozen=True):
     summary: str  # what the approver reads
 
 
+class _Result(msgspec.Struct, frozen=True):
+    """A tool result of a tools step, emitted after the step."""
+
+    card: str
+    status: ToolStatus
+    summary: str
+    output: str | None = None
+
+
 class _Segment(msgspec.Struct):
-    """A segment's stored result."""
+    """A segment's (or a tools step's) stored result."""
 
     messages: msgspec.Raw  # ModelMessagesTypeAdapter JSON: the whole history so far
     pending: list[_Pending] = []
+    results: list[_Result] = []  # a tools step's tool results
+    ask: bool = False  # the history ends in a request the model has not answered yet
 
 
 def pydantic_ai_agent(
@@ -136,15 +163,26 @@ def pydantic_ai_agent(
                 agent, ctx, deps=deps, usage_limits=usage_limits, risk=risk or {},
                 summarize=summarize, pending=pending, decided=decided,
             )  # fmt: skip
-            step = functools.partial(segment.run, history, results)
-            seg = await ctx.step(f"segment-{i}", step, type=_Segment)
-            if not seg.pending:
-                return
-            pending, decided = seg.pending, {}
-            for p in pending:
-                decided[p.call_id] = await ctx.approval(p.summary, tool_call_id=p.card)
-            history, results = seg.messages, _results(decided)
+            if results is None:
+                step = functools.partial(segment.run, history)
+                seg = await ctx.step(f"segment-{i}", step, type=_Segment)
+            else:
+                assert history is not None  # decisions follow a segment
+                # The decided calls run in a step of their own that ends
+                # before the model's next turn; their results are emitted
+                # after it, each a durable point of its own.
+                step = functools.partial(segment.tools, history, results)
+                seg = await ctx.step(f"tools-{i}", step, retryable=False, type=_Segment)
+                for r in seg.results:
+                    await ctx.tool_result(r.card, r.status, r.summary, r.output)
+            history, results, pending, decided = seg.messages, None, seg.pending, {}
             i += 1
+            if pending:
+                for p in pending:
+                    decided[p.call_id] = await ctx.approval(p.summary, tool_call_id=p.card)
+                results = _results(decided)
+            elif not seg.ask:
+                return
 
     return run
 
@@ -189,21 +227,22 @@ class _SegmentRun:
         self.cards: dict[str, str] = {p.call_id: p.card for p in pending}
         self.unended: set[str] = set()  # cards whose arguments may still stream
         self.reported = (0, 0, 0)  # the usage reported so far
+        self.collected: list[_Result] | None = None  # a tools step's results, held back
 
-    async def run(
-        self, history: msgspec.Raw | None, results: DeferredToolResults | None
-    ) -> _Segment:
+    async def run(self, history: msgspec.Raw | None) -> _Segment:
+        """`Agent.run` from the input (no history) or on from the stored
+        history, until the run ends or defers calls."""
         ctx = self.ctx
         if history is None:
             prompt: str | None = ctx.input
             messages = _as_messages(await ctx.conversation())
         else:
+            # Ending in a request (a tools step's results): Pydantic AI sends it.
             prompt, messages = None, ModelMessagesTypeAdapter.validate_json(bytes(history))
         try:
             result = await self.agent.run(
                 prompt,
                 message_history=messages,
-                deferred_tool_results=results,
                 conversation_id=ctx.session_id,
                 deps=self.deps(ctx) if self.deps is not None else None,
                 usage_limits=self.usage_limits,
@@ -211,10 +250,48 @@ class _SegmentRun:
             )
         except (AgentRunError, UserError, FallbackExceptionGroup) as e:
             raise coded(e) from e
+        return await self._ended(result)
+
+    async def tools(self, history: msgspec.Raw, results: DeferredToolResults) -> _Segment:
+        """The deferred calls, decided: Pydantic AI runs the approved ones (and
+        tells the model of the others); stopped before the model's next turn,
+        whose request (the calls' returns) ends the stored history. The tool
+        results are collected, not emitted (see `run` of the factory)."""
+        ctx = self.ctx
+        self.collected = []
+        messages = ModelMessagesTypeAdapter.validate_json(bytes(history))
+        try:
+            async with self.agent.iter(
+                None,
+                message_history=messages,
+                deferred_tool_results=results,
+                conversation_id=ctx.session_id,
+                deps=self.deps(ctx) if self.deps is not None else None,
+                usage_limits=self.usage_limits,
+            ) as run:
+                node = run.next_node
+                while not isinstance(node, End):
+                    if PydanticAgent.is_model_request_node(node):
+                        self._usage(run.usage)
+                        asked = [*run.all_messages(), node.request]
+                        out = msgspec.Raw(ModelMessagesTypeAdapter.dump_json(asked))
+                        return _Segment(messages=out, results=self.collected, ask=True)
+                    if PydanticAgent.is_call_tools_node(node):
+                        async with node.stream(run.ctx) as stream:
+                            await self._map(stream, None)
+                    node = await run.next(node)
+                result = run.result
+        except (AgentRunError, UserError, FallbackExceptionGroup) as e:
+            raise coded(e) from e
+        assert result is not None  # the run reached its End
+        return await self._ended(result)
+
+    async def _ended(self, result: AgentRunResult[Any]) -> _Segment:
+        """The stored result of a run that ended: its output, or the calls it deferred."""
         self._usage(result.usage)
         out = msgspec.Raw(ModelMessagesTypeAdapter.dump_json(result.all_messages()))
         if not isinstance(result.output, DeferredToolRequests):
-            return _Segment(messages=out)
+            return _Segment(messages=out, results=self.collected or [])
         if result.output.calls:
             raise AgentError(
                 "deferred_call_unsupported",
@@ -224,15 +301,20 @@ class _SegmentRun:
             _Pending(call.tool_call_id, await self._card(call, None), _approval_summary(call))
             for call in result.output.approvals
         ]
-        return _Segment(messages=out, pending=pending)
+        return _Segment(messages=out, pending=pending, results=self.collected or [])
 
     # -- the event stream handler: one call per graph node
 
     async def handle(
         self, run_ctx: RunContext[Any], stream: AsyncIterable[AgentStreamEvent]
     ) -> None:
-        ctx = self.ctx
         self._usage(run_ctx.usage)  # what the requests before this node used
+        await self._map(stream, run_ctx)
+
+    async def _map(
+        self, stream: AsyncIterable[AgentStreamEvent], run_ctx: RunContext[Any] | None
+    ) -> None:
+        ctx = self.ctx
         message_id = ""
         by_index: dict[int, str] = {}  # this response's tool call parts -> cards
         dict_args: set[int] = set()  # parts whose arguments come as dicts, not JSON text
@@ -323,7 +405,10 @@ class _SegmentRun:
         if self.summarize is not None and status == "ok":
             summary = self.summarize(part)
         output = part.model_response_str() if status == "ok" else None
-        await self.ctx.tool_result(card, status, summary, output)
+        if self.collected is not None:
+            self.collected.append(_Result(card, status, summary, output))
+        else:
+            await self.ctx.tool_result(card, status, summary, output)
 
 
 def _status(part: BaseToolReturnPart[Any], decision: Decision | None) -> tuple[ToolStatus, str]:
