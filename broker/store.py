@@ -156,6 +156,10 @@ class QueuedRun(NamedTuple):
     input: str  # its first control.QUEUED_INPUT_CHARS characters
     created_at: int  # ms since the epoch
     stop_requested_by: str | None
+    # Why it has not started: "earlier_run" (an earlier run of its session has
+    # not ended), "user_limit" (its starter has worker_user_max_runs executing)
+    # or "worker" (it waits for a free worker slot).
+    waiting_for: str = "earlier_run"
 
 
 class StreamPolicy(NamedTuple):
@@ -422,13 +426,19 @@ class Store:
             )
             # The order earlier_active_runs waits in: the order they start.
             queued = await conn.fetch(
-                "SELECT run_id, started_by, left(input, $3),"
-                " (extract(epoch FROM created_at) * 1000)::bigint, interrupt_requested_by"
-                " FROM runs WHERE session_id = $1 AND status = 'queued' AND ended_at IS NULL"
-                " ORDER BY created_at, run_id LIMIT $2",
+                "SELECT r.run_id, r.started_by, left(r.input, $3),"
+                " (extract(epoch FROM r.created_at) * 1000)::bigint, r.interrupt_requested_by,"
+                " CASE WHEN EXISTS (SELECT 1 FROM runs e WHERE e.session_id = r.session_id"
+                " AND e.ended_at IS NULL AND (e.created_at, e.run_id) < (r.created_at, r.run_id))"
+                " THEN 'earlier_run' WHEN $4 > 0 AND (SELECT count(*) FROM runs x"
+                f" WHERE x.started_by = r.started_by AND {_executing('x')}) >= $4"
+                " THEN 'user_limit' ELSE 'worker' END"
+                " FROM runs r WHERE r.session_id = $1 AND r.status = 'queued'"
+                " AND r.ended_at IS NULL ORDER BY r.created_at, r.run_id LIMIT $2",
                 session_id,
                 runs_limit,
                 control.QUEUED_INPUT_CHARS,
+                self.settings.worker_user_max_runs,
             )
         return SessionInfo(
             row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs],

@@ -6,10 +6,12 @@ at once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from broker import events
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.store import Store
 
 from .helpers import sample
 from .workerkit import read_run, running_worker, start, wait_until
@@ -78,3 +80,20 @@ async def test_a_user_at_the_cap_waits_while_others_take_the_free_slots(
     assert isinstance(logs[-1][0], events.RunStart)
     third = sorted(s for s, _ in spans)[2]
     assert logs[-1][0].ts < third  # dave did not wait for alice's cap to clear
+
+
+async def test_a_queued_run_says_why_it_waits(settings: Settings, client: Broker) -> None:
+    """GET /v1/sessions/{id}'s `queued[].waiting_for` (no worker runs here)."""
+    busy = await client.store.create_session("alice")
+    running = await client.start_run(busy, "alice", input="x")
+    assert await client.store.claim_queued(running, "w-1", 30.0) is not None  # alice: 1 executing
+    sid = await client.store.create_session("alice")
+    first = await client.start_run(sid, "alice", input="a")
+    second = await client.start_run(sid, "alice", input="b")  # run policy enqueue: behind first
+
+    async def why(store: Store) -> list[tuple[str, str]]:
+        return [(q.run_id, q.waiting_for) for q in (await store.session_info(sid)).queued]
+
+    assert await why(client.store) == [(first, "worker"), (second, "earlier_run")]
+    capped = Store(client.store.pool, dataclasses.replace(settings, worker_user_max_runs=1))
+    assert await why(capped) == [(first, "user_limit"), (second, "earlier_run")]

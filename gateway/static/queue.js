@@ -19,6 +19,17 @@ function ordinal(n) {
   return `${n}${suffix}`;
 }
 
+// Why a queued run has not started (`queued[].waiting_for`); behind an
+// earlier run of the session, its place in line says it.
+function waitingFor(info, me) {
+  if (info.waiting_for === "worker") return " · waiting for a free worker";
+  if (info.waiting_for === "user_limit") {
+    return info.started_by === me ? " · your runs are at your limit"
+      : ` · ${info.started_by}'s runs are at their limit`;
+  }
+  return "";
+}
+
 class QueuedCard {
   constructor(info, queue) {
     this.id = info.run_id;
@@ -42,12 +53,13 @@ class QueuedCard {
       preview ? h("div", { class: "run-input" },
         h("span", { class: "input-label" }, untrusted(info.started_by || "input")), prose(preview)) : null,
       this.error);
+    this.why = waitingFor(info, ctx.me);
     if (info.stop_requested_by) this.cancelling();
   }
 
   position(n) {
     this.el.dataset.position = String(n);
-    if (!this.stopping) setText(this.badge, `queued · ${ordinal(n)} in line`);
+    if (!this.stopping) setText(this.badge, `queued · ${ordinal(n)} in line${this.why}`);
   }
 
   cancelling() {
