@@ -24,6 +24,7 @@ from .databases import fresh_database
 from .helpers import KillableStack, make_settings, sample
 from .proxy import CuttingProxy
 from .workerkit import (
+    IN_SLOT,
     of,
     running_worker,
     scripted_text,
@@ -186,12 +187,13 @@ async def test_a_run_that_asks_for_approval_during_an_outage_waits_it_out(
     """PostgreSQL goes down while a tool runs; the next step stores an
     approval and a checkpoint. Those writes wait for PostgreSQL as commits do
     (up to storage_outage_grace_s), not db_retry_s, which bounds reads: the
-    run asks, is approved after the outage, and completes under its epoch."""
+    run asks, is approved after the outage, and completes under its epoch
+    (waiting in its slot: a parked run is woken under the next epoch)."""
     async with fresh_database(killable, "outage_approval") as database_url:
         settings = dataclasses.replace(
             make_settings(killable), database_url=database_url, db_retry_s=2.0
         )
-        async with running_worker(settings) as (b, w):
+        async with running_worker(settings, **IN_SLOT) as (b, w):
             _, run_id = await start(b, "slow tool: tell me about approvals")
             await wait_event(b, run_id, "progress")  # search_docs runs for ~10 s
             killable.pg.kill()
