@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -304,14 +305,7 @@ class GatewayProc(_Child):
 
     async def gauges(self, *names: str) -> dict[str, float]:
         """Current values of unlabelled gauges, from its /metrics."""
-        async with aiohttp.ClientSession() as http, http.get(self.url + "/metrics") as r:
-            text = await r.text()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in names:
-                out[name] = float(value)
-        return out
+        return await _gauges(self.url + "/metrics", names)
 
     async def wait_replays_done(self, timeout_s: float = 600.0) -> float:
         """Until no catch-up replay runs or waits for a turn (subscriptions
@@ -337,6 +331,17 @@ class GatewayGroupProc(GatewayProc):
         self.metrics_ports = [base + k for k in range(processes)]
 
 
+async def _gauges(metrics_url: str, names: tuple[str, ...]) -> dict[str, float]:
+    async with aiohttp.ClientSession() as http, http.get(metrics_url) as r:
+        text = await r.text()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[name] = float(value)
+    return out
+
+
 async def _answers_200(http: aiohttp.ClientSession, url: str) -> bool:
     with contextlib.suppress(aiohttp.ClientError, OSError):
         async with http.get(url) as r:
@@ -346,13 +351,15 @@ async def _answers_200(http: aiohttp.ClientSession, url: str) -> bool:
 
 class WorkerProc(_Child):
     """`profiled(path)`: run the worker under cProfile (CPU time), stats
-    written to that file when it stops."""
+    written to that file when it stops. `metrics_url`: its /metrics, from
+    its `ready` line."""
 
     def __init__(self, st: Stack, concurrency: int, **settings: object) -> None:
         super().__init__("worker")
         self.concurrency = concurrency
         self.profile: Path | None = None
         self.env = child_env(st, **settings)
+        self.metrics_url = ""
 
     def profiled(self, profile: Path | None) -> WorkerProc:
         self.profile = profile
@@ -370,13 +377,19 @@ class WorkerProc(_Child):
                 stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
-        while b" ready" not in self.log_path.read_bytes():
+        # "runlog worker <id> ready; metrics <url>" (workers/serve.py)
+        while (ready := re.search(rb" ready; metrics (\S+)\n", self.log_path.read_bytes())) is None:
             if self.proc.returncode is not None:
                 raise RuntimeError(f"worker exited:\n{self.output()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker not ready in {timeout_s} s:\n{self.output()}")
             await asyncio.sleep(0.05)
+        self.metrics_url = ready[1].decode()
         return self
+
+    async def gauges(self, *names: str) -> dict[str, float]:
+        """Current values of unlabelled gauges, from its /metrics."""
+        return await _gauges(self.metrics_url, names)
 
 
 class _LineChild(_Child):

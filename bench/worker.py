@@ -26,6 +26,23 @@
    run: the same number of runs appending the same paced token stream
    straight through `RunWriter.append` in this process (the log's share of
    the worker's CPU).
+4. kill -9 → `status` resumed (bench/_takeover.py). Two worker processes
+   (scripted adapter at --tokens-per-s, default lease and liveness
+   settings, concurrency 1, each with a known RUNLOG_WORKER_ID). Per kill: a
+   run of the "long" script, 10 text_delta read through the broker,
+   `runs.owner_id` names the process to SIGKILL; measured from the kill
+   until the run's `status` "resumed" reaches a subscription opened at the
+   run's head (the other worker saw the owner's liveness lock released,
+   workers/liveness.py). The killed worker is replaced at once; a kill waits
+   until the taker has held its lock for worker_liveness_grace_s and has a
+   free slot, then for a random part of worker_liveness_interval_s (a crash
+   comes at any moment of the taker's orphan search). The run taken over at
+   the previous kill keeps the survivor busy while the next one starts, so
+   the fresh worker owns it and the survivor is the taker: no grace to wait
+   out per kill (left to JetStream, the older worker gets nearly every run).
+   --kills per trial. Raw, same run: SIGKILL of a plain process holding an
+   advisory lock on its own asyncpg connection → another connection sees it
+   free in pg_locks (polled every 10 ms).
 """
 
 from __future__ import annotations
@@ -49,7 +66,7 @@ from broker import events
 from broker.runtime import Broker
 from tests.fakes.providers import FakeProvider, slow_tokens
 
-from . import _gw, _lib
+from . import _gw, _lib, _takeover
 from ._gw import USER, progress
 from ._lib import Figure, Stack, Timer
 from ._procs import NO_CONNECTION_CAPS, GatewayProc, Meter, WorkerProc
@@ -63,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=100, help="concurrent scripted runs (default: 100)")
     p.add_argument("--tokens-per-s", type=float, default=50.0, help="per run (default: 50)")
     p.add_argument("--window-s", type=float, default=10.0, help="measured window (default: 10)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: stop,start,load")
+    p.add_argument("--skip", default="",
+                   help="comma-separated parts to skip: stop,start,load,takeover")  # fmt: skip
     p.add_argument("--no-raw", action="store_true", help="skip the raw measurements")
     p.add_argument("--flush-interval-ms", type=float, default=None,
                    help="the scripted worker's (and part 3 raw's) flush_interval_ms "
@@ -71,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-worker", type=Path, default=None, metavar="FILE",
                    help="run the scripted worker (parts 2 and 3) under cProfile (CPU time); "
                         "stats written to FILE when it stops; its figures are then inflated")  # fmt: skip
+    _takeover.add_arguments(p)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,6 +107,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await _stop_part(st, b, meter, args, per_trial)
             if not {"start", "load"} <= skip:
                 await _scripted_parts(st, b, meter, args, per_trial, skip)
+            if _takeover.SKIP not in skip:
+                await _takeover.run_part(st, b, args, per_trial)
         finally:
             await b.close()
     return {"servers": versions, "figures": _figures(per_trial, args, skip), "trials": per_trial}
@@ -533,4 +554,6 @@ def _figures(
             add(sec, "raw: same pace through RunWriter.append, CPU", "µs/event", "load_raw",
                 "us_per_event")  # fmt: skip
             add(sec, "raw: … committed", "events/s", "load_raw", "events_s")
+    if _takeover.SKIP not in skip:
+        figs += _takeover.figures(per_trial, args)
     return figs
