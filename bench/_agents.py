@@ -7,12 +7,17 @@ same n pieces, so the built-in loop (input `builtin_input(n)`, the scripted
 adapter's `echo:` script) and the API agent (input `api_input(n, mode)`)
 append the same text deltas. Both yield to the event loop once every 64
 deltas, as the scripted adapter's pacer does at `tokens_per_s=0`.
+
+`resume_agent` (input `resume_input(n, gate)`) is the takeover of the
+replay-verification item (bench/_verify.py): `deltas(n)` outside any step,
+one step, a text delta, then it waits for the file `gate` to exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -26,6 +31,7 @@ Mode = Literal["text", "step", "steps"]
 
 _WORDS = tuple(t.strip() for t in TOKENS if t.strip())
 _YIELD_EVERY = 64  # the scripted adapter's pacer at tokens_per_s=0
+_GATE_POLL_S = 0.01
 
 
 class Spec(msgspec.Struct, forbid_unknown_fields=True):
@@ -37,6 +43,14 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True):
     events: int
     mode: Mode = "text"
     per_step: int = 10
+
+
+class ResumeSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """`resume_agent`'s input: `events` text deltas, then a step, then one
+    more delta; then it waits until the file `gate` exists."""
+
+    events: int
+    gate: str
 
 
 def deltas(n: int) -> list[str]:
@@ -57,6 +71,10 @@ def builtin_input(n: int) -> str:
 
 def api_input(n: int, mode: Mode, per_step: int = 10) -> str:
     return msgspec.json.encode(Spec(events=n, mode=mode, per_step=per_step)).decode()
+
+
+def resume_input(n: int, gate: str) -> str:
+    return msgspec.json.encode(ResumeSpec(events=n, gate=gate)).decode()
 
 
 async def _emit(ctx: AgentContext, message_id: str, pieces: list[str], start: int) -> None:
@@ -80,3 +98,20 @@ async def agent(ctx: AgentContext) -> None:
             await ctx.step(
                 "part", functools.partial(_emit, ctx, m, pieces[start : start + k], start)
             )
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def resume_agent(ctx: AgentContext) -> None:
+    """Killed while it waits at the gate, then resumed: the replay emits the
+    deltas again (each compared with the log's) and passes the step; the
+    delta after it is the resumed run's first live event."""
+    spec = msgspec.json.decode(ctx.input, type=ResumeSpec)
+    await _emit(ctx, ctx.message_id(), deltas(spec.events), 0)
+    await ctx.step("durable", _nothing)
+    await ctx.text(ctx.message_id(), "live")
+    gate = Path(spec.gate)
+    while not await asyncio.to_thread(gate.exists):
+        await asyncio.sleep(_GATE_POLL_S)

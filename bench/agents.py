@@ -1,6 +1,7 @@
 """agents: the agent API's cost per event over the built-in loop's append
-path, and each framework's cost under runlog over the framework run bare,
-with real worker processes (`runlog worker`), in one run.
+path, each framework's cost under runlog over the framework run bare, and
+what verifying a resumed agent's replay costs per logged event, with real
+worker processes (`runlog worker`), in one run.
 
 1. --runs concurrent runs (default 100, one session each), each streaming the
    same --events text deltas (default 200; bench/_agents.py `deltas`) as fast
@@ -27,6 +28,7 @@ with real worker processes (`runlog worker`), in one run.
    share of the worker's CPU.
    For every trial each worker is started afresh (one at a time: workers
    share the job queue) and warmed up with a wave of short runs first.
+   --no-api skips (a)-(b3), --no-raw (c).
 2. Frameworks (--frameworks, default all registered: builtin, langgraph,
    openai-agents, pydantic-ai, agui): the same fake model (a stream of
    `deltas(n)`, n text chunks as fast as it can, no sleeps) and the same runs
@@ -40,6 +42,28 @@ with real worker processes (`runlog worker`), in one run.
    costs per token. Both sides are also timed at 20 tokens, so the overhead
    splits into a part per run and a part per token. A case whose module
    cannot be imported is skipped with a line saying so.
+3. Replay verification (--no-replay skips it; bench/_verify.py is the exact
+   reference): a resumed API agent runs again from the top and each event it
+   emits before the last durable point is compared with the log
+   (workers/verify.py `Replay`). In process, over a log of --replay-events
+   events (default 20,000: text deltas of 10 messages, each followed by a
+   tool card) and an identical replay: CPU µs per event of building
+   `Replay` (its filtering; again with 100 steps in the log) and of
+   `Replay.take` of every event, next to the same loop awaiting a no-op and
+   calling `msgspec.json.encode` of each event once (a `_key`). End to end,
+   one takeover per trial: a worker runs `bench._agents:resume_agent`
+   (--replay-events text deltas outside steps, a step, one more delta, a wait
+   at a file gate) and is killed (-9) once the step is stored; a second
+   worker, already started, takes the run over. From the claim (PostgreSQL's
+   `now()`) to the `ts` of `status` resumed (the log read, `Replay` built)
+   and of the resumed run's first live event (the delta after the step):
+   the resume, per logged event, and the survivor's CPU; the same for a
+   20-delta run, so that the resume splits into a part per resume and one
+   per logged event. Next to it, the base: `Store.run_page` of those events
+   from this process (pages of 1,000, as the journal reads them), with and
+   without decoding them, and the first read of as many events just
+   committed through a new pool. Verification's share of the resume is the
+   in-process figure times the events over the resume.
 
 Adding a framework case: one function in this module, decorated with
 `@framework(name, needs=module, agent="module:attr")`, that runs the
@@ -78,7 +102,7 @@ from broker.runtime import Broker
 from workers.adapters.scripted import ScriptedAdapter
 from workers.model import Message, ModelRequest, TextChunk
 
-from . import _agents, _gw, _lib
+from . import _agents, _gw, _lib, _verify
 from ._gw import USER, progress
 from ._lib import Figure, Stack, Timer
 from ._procs import Meter, WorkerProc
@@ -223,6 +247,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated framework cases, 'all' or 'none' (default: all; "
                    f"registered: {', '.join(FRAMEWORKS)})")  # fmt: skip
     p.add_argument("--no-raw", action="store_true", help="skip the raw RunWriter.append case")
+    p.add_argument("--no-api", action="store_true",
+                   help="skip cases (a), (b), (b2), (b3) of part 1")  # fmt: skip
+    p.add_argument("--no-replay", action="store_true", help="skip part 3, replay verification")
+    p.add_argument("--replay-events", type=int, default=20_000,
+                   help="logged events of part 3's replay (default: 20000)")  # fmt: skip
 
 
 _API_CASES: tuple[tuple[str, _agents.Mode], ...] = (("b", "text"), ("b2", "step"), ("b3", "steps"))
@@ -230,6 +259,8 @@ _API_CASES: tuple[tuple[str, _agents.Mode], ...] = (("b", "text"), ("b2", "step"
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     cases, skipped = _frameworks(args.frameworks)
+    if not args.no_replay and args.replay_events <= _SHORT_EVENTS:
+        raise SystemExit(f"bench agents: --replay-events must be more than {_SHORT_EVENTS}")
     per_trial: list[dict[str, Any]] = [{} for _ in range(args.trials)]
     async with _lib.stack(args.work_dir) as st:
         versions = await _lib.server_versions(st)
@@ -238,14 +269,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for trial, t in enumerate(per_trial):
                 label = f"trial {trial + 1}:"
-                async with _worker(st, meter, args, _BUILTIN) as wk:
-                    t["a"] = r = await _runs(b, meter, wk, args, _agents.builtin_input)
-                    progress(f"{label} (a) built-in loop: {_line(r)}")
-                async with _worker(st, meter, args, {"agent": _API_AGENT}) as wk:
-                    for key, mode in _API_CASES:
-                        make = functools.partial(_api_input, mode=mode, per_step=args.per_step)
-                        t[key] = r = await _runs(b, meter, wk, args, make)
-                        progress(f"{label} ({key}) API agent, {mode}: {_line(r)}")
+                if not args.no_api:
+                    await _api_cases(st, b, meter, args, t, label)
                 if not args.no_raw:
                     t["c"] = r = await _raw(b, meter, args)
                     progress(f"{label} (c) raw RunWriter.append: {r['events_s']:,.0f} events/s, "
@@ -257,6 +282,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                              f"overhead {r['overhead_us_per_token']:.1f} (fit: "
                              f"{r['overhead_us_per_run']:,.0f} µs/run + "
                              f"{r['overhead_us_per_delta']:.1f} µs/delta)")  # fmt: skip
+                if not args.no_replay:
+                    t["replay"] = r = await _verify.measure(
+                        st, b, args.replay_events, _SHORT_EVENTS
+                    )
+                    p, lg = r["in_process"], r["long"]
+                    progress(f"{label} replay verification: {p['added_us_per_event']:.2f} "
+                             f"µs/event in process; resume of {args.replay_events:,} events "
+                             f"{lg['claim_to_live_ms']:.0f} ms (reading them "
+                             f"{lg['read_ms']:.0f} ms): verification "
+                             f"{r['verify_share_pct']:.0f} % of it")  # fmt: skip
         finally:
             await b.close()
     return {
@@ -265,6 +300,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "figures": _figures(per_trial, args, cases),
         "trials": per_trial,
     }
+
+
+async def _api_cases(
+    st: Stack, b: Broker, meter: Meter, args: argparse.Namespace, t: dict[str, Any], label: str
+) -> None:
+    """Part 1's cases (a), (b), (b2), (b3) into `t`."""
+    async with _worker(st, meter, args, _BUILTIN) as wk:
+        t["a"] = r = await _runs(b, meter, wk, args, _agents.builtin_input)
+        progress(f"{label} (a) built-in loop: {_line(r)}")
+    async with _worker(st, meter, args, {"agent": _API_AGENT}) as wk:
+        for key, mode in _API_CASES:
+            make = functools.partial(_api_input, mode=mode, per_step=args.per_step)
+            t[key] = r = await _runs(b, meter, wk, args, make)
+            progress(f"{label} ({key}) API agent, {mode}: {_line(r)}")
 
 
 def _api_input(n: int, *, mode: _agents.Mode, per_step: int) -> str:
@@ -565,6 +614,7 @@ def _figures(
     n, k = args.events, max(1, args.per_step)
     steps = -(-n // k)
     runs = args.runs * args.rounds
+    api, raw = not args.no_api, not args.no_raw
 
     def add(section: str, name: str, unit: str, values: list[float]) -> None:
         figs.append(_lib.summarize(section, name, unit, values))
@@ -580,43 +630,47 @@ def _figures(
         "b2": "(b2) API, one step",
         "b3": f"(b3) API, a step per {k}",
     }
-    for key, label in labels.items():
-        add(sec, f"{label}: worker CPU", "µs/event", col(key, "worker_us_per_event"))
-    for key, label in labels.items():
-        add(sec, f"{label}: committed", "events/s", col(key, "events_s"))
-    for key, label in labels.items():
-        add(sec, f"{label}: run_start ts -> run_end ts p50", "ms", col(key, "run_span_p50_ms"))
-    add(sec, "(b) - (a): the agent API's overhead, worker CPU", "µs/event",
-        [t["b"]["worker_us_per_event"] - t["a"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
-    add(sec, "(b2) - (b): one step around the run, worker CPU", "µs/event",
-        [t["b2"]["worker_us_per_event"] - t["b"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
-    add(sec, f"(b3) - (b): a step's cost ({steps} steps per run), worker CPU", "µs/step",
-        [(t["b3"]["worker_cpu_s"] - t["b"]["worker_cpu_s"]) * 1e6 / (runs * steps)
-         for t in per_trial])  # fmt: skip
-    add(sec, "… PostgreSQL CPU", "µs/step",
-        [(t["b3"]["pg_cpu_s"] - t["b"]["pg_cpu_s"]) * 1e6 / (runs * steps)
-         for t in per_trial])  # fmt: skip
+    if api:
+        for key, label in labels.items():
+            add(sec, f"{label}: worker CPU", "µs/event", col(key, "worker_us_per_event"))
+        for key, label in labels.items():
+            add(sec, f"{label}: committed", "events/s", col(key, "events_s"))
+        for key, label in labels.items():
+            add(sec, f"{label}: run_start ts -> run_end ts p50", "ms", col(key, "run_span_p50_ms"))
+        add(sec, "(b) - (a): the agent API's overhead, worker CPU", "µs/event",
+            [t["b"]["worker_us_per_event"] - t["a"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
+        add(sec, "(b2) - (b): one step around the run, worker CPU", "µs/event",
+            [t["b2"]["worker_us_per_event"] - t["b"]["worker_us_per_event"] for t in per_trial])  # fmt: skip
+        add(sec, f"(b3) - (b): a step's cost ({steps} steps per run), worker CPU", "µs/step",
+            [(t["b3"]["worker_cpu_s"] - t["b"]["worker_cpu_s"]) * 1e6 / (runs * steps)
+             for t in per_trial])  # fmt: skip
+        add(sec, "… PostgreSQL CPU", "µs/step",
+            [(t["b3"]["pg_cpu_s"] - t["b"]["pg_cpu_s"]) * 1e6 / (runs * steps)
+             for t in per_trial])  # fmt: skip
     short = _SHORT_EVENTS
     fit = f"(fit: {n}- vs {short}-delta runs)"
-    for key, label in (("a", labels["a"]), ("b", labels["b"])):
-        add(sec, f"{label}: worker CPU per run {fit}", "µs/run",
-            col(key, "worker_us_per_run_fixed"))  # fmt: skip
-        add(sec, f"{label}: … + worker CPU per text delta", "µs/delta",
-            col(key, "worker_us_per_delta_marginal"))  # fmt: skip
-    if not args.no_raw:
+    if api:
+        for key, label in (("a", labels["a"]), ("b", labels["b"])):
+            add(sec, f"{label}: worker CPU per run {fit}", "µs/run",
+                col(key, "worker_us_per_run_fixed"))  # fmt: skip
+            add(sec, f"{label}: … + worker CPU per text delta", "µs/delta",
+                col(key, "worker_us_per_delta_marginal"))  # fmt: skip
+    if raw:
         add(sec, f"(c) raw: CPU per run {fit}", "µs/run", col("c", "us_per_run_fixed"))
         add(sec, "(c) raw: … + CPU per text delta", "µs/delta", col("c", "us_per_delta_marginal"))
-    for key, label in (("a", labels["a"]), ("b", labels["b"]), ("b3", labels["b3"])):
-        add(sec, f"{label}: PostgreSQL CPU", "µs/event", col(key, "pg_us_per_event"))
-        add(sec, f"{label}: nats-server CPU", "µs/event", col(key, "nats_us_per_event"))
-    if not args.no_raw:
+    if api:
+        for key, label in (("a", labels["a"]), ("b", labels["b"]), ("b3", labels["b3"])):
+            add(sec, f"{label}: PostgreSQL CPU", "µs/event", col(key, "pg_us_per_event"))
+            add(sec, f"{label}: nats-server CPU", "µs/event", col(key, "nats_us_per_event"))
+    if raw:
         add(sec, "(c) raw: RunWriter.append in the bench process, CPU", "µs/event",
             col("c", "us_per_event"))  # fmt: skip
         add(sec, "(c) raw: … committed", "events/s", col("c", "events_s"))
         add(sec, "(c) raw: … PostgreSQL CPU", "µs/event", col("c", "pg_us_per_event"))
-    whichs = ["a", "b", "b2", "b3"] + ([] if args.no_raw else ["c"])
-    add(sec, "host CPU outside our processes, max over the cases", "cores",
-        [max(t[w]["others_cpu_cores"] for w in whichs) for t in per_trial])  # fmt: skip
+    whichs = (["a", "b", "b2", "b3"] if api else []) + (["c"] if raw else [])
+    if whichs:
+        add(sec, "host CPU outside our processes, max over the cases", "cores",
+            [max(t[w]["others_cpu_cores"] for w in whichs) for t in per_trial])  # fmt: skip
     fw_rounds = args.framework_rounds
     for case in cases:
         key = f"fw_{case.name}"
@@ -626,7 +680,7 @@ def _figures(
         add(sec, "under runlog: worker CPU", "µs/token", col(key, "worker_us_per_token"))
         add(sec, "under runlog - bare: the adapter's overhead", "µs/token",
             col(key, "overhead_us_per_token"))  # fmt: skip
-        if not args.no_raw:
+        if raw:
             add(sec, "… next to (c) raw RunWriter.append, same trial", "µs/event",
                 col("c", "us_per_event"))  # fmt: skip
         add(sec, "under runlog: worker CPU per committed event", "µs/event",
@@ -648,4 +702,59 @@ def _figures(
         add(sec, "bare: tokens/s", "tokens/s", col(key, "bare_tokens_s"))
         add(sec, "under runlog: committed events/s", "events/s", col(key, "events_s"))
         add(sec, "host CPU outside our processes", "cores", col(key, "others_cpu_cores"))
+    if not args.no_replay:
+        figs += _replay_figures(per_trial, args)
+    return figs
+
+
+def _replay_figures(per_trial: list[dict[str, Any]], args: argparse.Namespace) -> list[Figure]:
+    """Part 3 (bench/_verify.py)."""
+    figs: list[Figure] = []
+    n, short = args.replay_events, _SHORT_EVENTS
+
+    def add(section: str, name: str, unit: str, key: str, *path: str) -> None:
+        values = []
+        for t in per_trial:
+            v = t["replay"]
+            for p in path:
+                v = v[p]
+            values.append(float(v[key]))
+        figs.append(_lib.summarize(section, name, unit, values))
+
+    sec = (f"replay verification, in process: a log of {n} events (text deltas of "
+           "10 messages, each followed by a tool card), an identical replay; CPU, best of 5")  # fmt: skip
+    ip = "in_process"
+    add(sec, "Replay(...) built: the log filtered", "µs/event", "build_us_per_event", ip)
+    add(sec, "… the log with 100 steps in it", "µs/event", "build_steps_us_per_event", ip)
+    add(sec, "Replay.take of each replayed event, then until", "µs/event",
+        "take_us_per_event", ip)  # fmt: skip
+    add(sec, "base: the same loop awaiting a no-op", "µs/event", "noop_us_per_event", ip)
+    add(sec, "base: the same loop, msgspec.json.encode of each event", "µs/event",
+        "encode_us_per_event", ip)  # fmt: skip
+    add(sec, "verification adds: built + take - no-op loop", "µs/event", "added_us_per_event", ip)
+    sec = (f"replay verification, end to end: an API agent's run of {n} text deltas and a "
+           "step, its worker killed (-9), resumed by another; per logged delta")  # fmt: skip
+    lg = "long"
+    add(sec, "resume: the claim -> the next live event's ts", "ms", "claim_to_live_ms", lg)
+    add(sec, "… per logged event", "µs/event", "claim_to_live_us_per_event", lg)
+    add(sec, "… the claim -> status resumed (log read, Replay built, tail retracted)", "ms",
+        "claim_to_resumed_ms", lg)  # fmt: skip
+    add(sec, "… status resumed -> the live event (the agent replayed, compared)", "ms",
+        "resumed_to_live_ms", lg)  # fmt: skip
+    add(sec, "survivor's CPU, the kill -> the live event", "µs/event",
+        "survivor_cpu_us_per_event", lg)  # fmt: skip
+    fit = f"(fit: {n}- vs {short}-delta resumes)"
+    add(sec, f"resume per logged event {fit}", "µs/event", "claim_to_live_us_per_event_marginal")
+    add(sec, "… + per resume", "ms", "claim_to_live_ms_fixed")
+    add(sec, f"survivor's CPU per logged event {fit}", "µs/event",
+        "survivor_cpu_us_per_event_marginal")  # fmt: skip
+    add(sec, "base: Store.run_page of the events, pages of 1,000 (bench process)", "µs/event",
+        "read_us_per_event", lg)  # fmt: skip
+    add(sec, "base: … and events.decode_stored of each", "µs/event",
+        "read_decode_us_per_event", lg)  # fmt: skip
+    add(sec, "base: … the first read of as many events just committed, a new pool", "µs/event",
+        "first_read_decode_us_per_event", lg)  # fmt: skip
+    add(sec, "verification (in process, x events) / the resume", "%", "verify_share_pct")
+    add(sec, "verification (in process) / the survivor's CPU per logged event (fit)", "%",
+        "verify_share_cpu_pct")  # fmt: skip
     return figs
