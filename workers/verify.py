@@ -35,6 +35,12 @@ from .resume import RETRACTED
 
 _Soft = events.TextDelta | events.ReasoningDelta
 _Hard = events.ToolCallStart | events.ToolArgsDelta | events.ToolCallEnd | events.ToolResult
+# Exact types, for the per-event checks (a set lookup, not isinstance on a union).
+_SOFT_TYPES = frozenset({events.TextDelta, events.ReasoningDelta})
+_HARD_TYPES = frozenset(
+    {events.ToolCallStart, events.ToolArgsDelta, events.ToolCallEnd, events.ToolResult}
+)
+_QUIET_TYPES = frozenset({events.Status, events.Progress})
 
 
 def _key(ev: events.Event) -> bytes:
@@ -79,19 +85,22 @@ class Replay:
             if isinstance(e, events.ToolResult) and e.summary == RETRACTED
         }
 
-        def outside(seq: int) -> bool:
-            return not any(a < seq <= b for a, b in inside_steps)
-
-        self._soft: deque[_Soft] = deque(
-            e
-            for e in logged
-            if isinstance(e, _Soft) and e.message_id not in self.gone_messages and outside(e.seq)
-        )
-        self._hard: deque[_Hard] = deque(
-            e
-            for e in logged
-            if isinstance(e, _Hard) and e.tool_call_id not in self.gone_calls and outside(e.seq)
-        )
+        self._soft: deque[_Soft] = deque()
+        self._hard: deque[_Hard] = deque()
+        # One pass, the step ranges walked alongside (both in seq order).
+        ranges = sorted(inside_steps)
+        r = 0
+        for e in logged:
+            while r < len(ranges) and ranges[r][1] < e.seq:
+                r += 1
+            if r < len(ranges) and ranges[r][0] < e.seq:
+                continue  # a step's own event: the replay does not emit it again
+            t = type(e)
+            if t in _SOFT_TYPES:
+                if e.message_id not in self.gone_messages:  # type: ignore[union-attr]
+                    self._soft.append(e)  # type: ignore[arg-type]
+            elif t in _HARD_TYPES and e.tool_call_id not in self.gone_calls:  # type: ignore[union-attr]
+                self._hard.append(e)  # type: ignore[arg-type]
         self._matched: dict[str, list[_Soft]] = {}  # by message: the deltas that matched
         self._aliases: dict[str, str] = {}  # a retracted message → the id it goes on under
         self.diverged = False
@@ -99,7 +108,20 @@ class Replay:
     async def take(self, event: events.Event) -> bool:
         """Whether `event` is in the log already (drop it). False: the
         caller appends it; it may have been given another message id."""
-        if isinstance(event, events.Status | events.Progress):
+        t = type(event)
+        if t in _SOFT_TYPES and not self.diverged:
+            # The common case first, compared field by field: a delta as logged.
+            want = self._soft[0] if self._soft else None
+            if (
+                want is not None
+                and type(want) is t
+                and want.message_id == event.message_id  # type: ignore[attr-defined]
+                and want.delta == event.delta  # type: ignore[attr-defined]
+            ):
+                self._soft.popleft()
+                self._matched.setdefault(want.message_id, []).append(want)
+                return True
+        if t in _QUIET_TYPES:
             return True
         if isinstance(event, _Hard):
             if event.tool_call_id in self.gone_calls:
@@ -124,12 +146,6 @@ class Replay:
             return False  # nothing else is the agent's to emit
         if event.message_id in self.gone_messages:
             return True
-        if not self.diverged:
-            want = self._soft[0] if self._soft else None
-            if want is not None and _key(want) == _key(event):
-                self._soft.popleft()
-                self._matched.setdefault(event.message_id, []).append(want)
-                return True
         await self._diverge(event.message_id)
         event.message_id = self._aliases.get(event.message_id, event.message_id)
         return False
