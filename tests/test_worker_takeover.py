@@ -250,6 +250,10 @@ async def test_takeover_after_a_tool_result_past_the_checkpoint_fails(broker: Br
     assert (plan.outcome, plan.run) == ("failed", False)
     err, end = (await _carry_out(broker, own, plan))[-2:]
     assert isinstance(err, events.RunError) and err.code == "worker_lost"
+    # The reason, in words, for clients (and once, at WARNING, in the log).
+    assert err.message == (
+        "the run cannot be resumed: tool_result at seq 6 after the last durable point"
+    )
     assert isinstance(end, events.RunEnd) and end.status == "failed"
 
 

@@ -51,6 +51,7 @@ class TakeoverPlan(NamedTuple):
     state: AgentState | None
     stop: tuple[str, int, str] | None
     resume: ResumePoint | None
+    reason: str = ""  # failed: why it cannot be resumed (its run_error says it)
 
     async def end(
         self,
@@ -93,7 +94,8 @@ class TakeoverPlan(NamedTuple):
             )
             await writer.append(events.RunEnd(status="aborted", stop=audit))
         else:
-            f = RunFailure("worker_lost")
+            why = f": {self.reason}" if self.reason else ""
+            f = RunFailure("worker_lost", f"the run cannot be resumed{why}")
             metrics.errors.labels(f.code).inc()
             await writer.append(
                 events.RunError(code=f.code, retryable=f.retryable, message=f.message)
@@ -129,8 +131,8 @@ async def plan_takeover(store: Store, own: Ownership, *, max_resumes: int = 3) -
         if isinstance(plan, TakeoverPlan):
             return plan
         why = plan
-    log.info("run %s: cannot be resumed (%s)", own.run_id, why)
-    return TakeoverPlan("failed", False, state, stop, None)
+    log.warning("run %s: cannot be resumed (%s)", own.run_id, why)
+    return TakeoverPlan("failed", False, state, stop, None, why)
 
 
 async def _resume_plan(
