@@ -21,6 +21,7 @@ again and cannot be fed to the model, hence `failed`.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from typing import NamedTuple
 
 from broker import approvals, errors, events
@@ -190,24 +191,34 @@ async def _approval_tail(store: Store, own: Ownership, state: AgentState) -> Res
     return ResumePoint(requested, decided)
 
 
-async def _open_cards_in_log(store: Store, run_id: str, among: set[str]) -> list[str]:
-    """The tool cards of `among` the log opened and never gave a result."""
-    if not among:
-        return []
-    opened: dict[str, None] = {}
+async def _tool_events(
+    store: Store, run_id: str
+) -> AsyncIterator[events.ToolCallStart | events.ToolResult]:
+    """The run's tool cards opened and tool results, in log order."""
     after = 0
     while True:
         page = await store.run_page(run_id, after, 1000)
         for item in page:
             if item.type == "tool_call_start" or item.type == "tool_result":
                 ev = events.decode_stored(item.payload)
-                if isinstance(ev, events.ToolCallStart):
-                    opened[ev.tool_call_id] = None
-                elif isinstance(ev, events.ToolResult):
-                    opened.pop(ev.tool_call_id, None)
+                if isinstance(ev, events.ToolCallStart | events.ToolResult):
+                    yield ev
         if len(page) < 1000:
-            return [c for c in opened if c in among]
+            return
         after = page[-1].seq
+
+
+async def _open_cards_in_log(store: Store, run_id: str, among: set[str]) -> list[str]:
+    """The tool cards of `among` the log opened and never gave a result."""
+    if not among:
+        return []
+    opened: dict[str, None] = {}
+    async for ev in _tool_events(store, run_id):
+        if isinstance(ev, events.ToolCallStart):
+            opened[ev.tool_call_id] = None
+        else:
+            opened.pop(ev.tool_call_id, None)
+    return [c for c in opened if c in among]
 
 
 async def _side_effects_in_log(store: Store, run_id: str, tools: frozenset[str]) -> list[str]:
@@ -215,16 +226,9 @@ async def _side_effects_in_log(store: Store, run_id: str, tools: frozenset[str])
     except those denied or skipped (a tool that errored may have acted)."""
     started: list[str] = []
     not_run: set[str] = set()
-    after = 0
-    while True:
-        page = await store.run_page(run_id, after, 1000)
-        for item in page:
-            if item.type == "tool_call_start" or item.type == "tool_result":
-                ev = events.decode_stored(item.payload)
-                if isinstance(ev, events.ToolCallStart) and ev.tool_name in tools:
-                    started.append(ev.tool_call_id)
-                elif isinstance(ev, events.ToolResult) and ev.status in ("denied", "skipped"):
-                    not_run.add(ev.tool_call_id)
-        if len(page) < 1000:
-            return [c for c in started if c not in not_run]
-        after = page[-1].seq
+    async for ev in _tool_events(store, run_id):
+        if isinstance(ev, events.ToolCallStart) and ev.tool_name in tools:
+            started.append(ev.tool_call_id)
+        elif isinstance(ev, events.ToolResult) and ev.status in ("denied", "skipped"):
+            not_run.add(ev.tool_call_id)
+    return [c for c in started if c not in not_run]
