@@ -19,9 +19,11 @@ row (a kill in between) is verified against the replayed one the same way.
 
 Replay (`prepare`, then the agent from the top): while the agent has not
 passed the last row, steps return their stored values, approvals their
-stored decisions, and events are dropped (they are in the log up to that
-row's seq). What follows that seq — the dead owner's in-flight work — was
-retracted by `prepare` (`resume.py`). The last row may be open:
+stored decisions, and the events it emits outside steps are compared with
+the log up to that row's seq (`verify.py`: the same, dropped; text that
+differs, retracted from there and live; a tool call or result that
+differs, the run fails). What follows that seq — the dead owner's in-flight
+work — was retracted by `prepare` (`resume.py`). The last row may be open:
 
 - an approval still waited for: the replay reaches it and waits again (or
   finds the decision in the log), never asking twice;
