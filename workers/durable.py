@@ -48,17 +48,17 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from broker import approvals, errors, events, ids, steps
+from broker import errors, events, ids, steps
 from broker.steps import StepRecord
 from broker.store import retry_transient
 
+from . import approving
 from .api import ChatMessage, Decision, encode_result, stable_id
 from .binding import Calls, summary_digest
 from .context import Released, RunContext, Stopped
 from .errors import RunFailure
 from .resume import RETRACTED, read_tail, retract, unretractable
 from .signals import DecisionInfo
-from .toolstep import wait_decision
 from .verify import Replay
 
 log = logging.getLogger(__name__)
@@ -391,21 +391,10 @@ class Journal:
         no-op if it exists), request it (unless `logged` has it), wait (unless
         `logged` has the decision), record the decision."""
         ctx = self.ctx
-        await self._ours(
-            ctx.write(
-                lambda: approvals.create(
-                    ctx.store.pool,
-                    approval_id=row.approval_id,
-                    run_id=ctx.run.run_id,
-                    epoch=ctx.writer.epoch,
-                    tool_call_id=row.tool_call_id,
-                    summary=row.summary,
-                    expires_at_ms=row.expires_at,
-                    call_digest=row.call_digest,
-                ),
-                "approval create",
-            )
+        ask = approving.Ask(
+            row.approval_id, row.tool_call_id, row.summary, row.expires_at, row.call_digest
         )
+        await self._ours(approving.create(ctx, ask))
         self.open_approval = row.approval_id
         await self._status("waiting_approval")
         requested = any(
@@ -421,30 +410,14 @@ class Journal:
             None,
         )
         if not requested:
-            await self._ours(
-                ctx.append(
-                    events.ApprovalRequired(
-                        approval_id=row.approval_id,
-                        tool_call_id=row.tool_call_id,
-                        summary=row.summary,
-                        expires_at=row.expires_at,
-                        call_digest=row.call_digest,
-                    )
-                )
-            )
-            await self._ours(ctx.writer.flush())
+            await self._ours(approving.request(ctx, ask))
         if decided is None:
-            decided = await self._wait(row)
-            await self._ours(
-                ctx.append(
-                    events.ApprovalDecided(
-                        approval_id=row.approval_id,
-                        decision=decided.decision,  # type: ignore[arg-type]
-                        decided_by=decided.decided_by,
-                        comment=decided.comment,
-                    )
+            decided = await self._ours(
+                approving.wait(
+                    ctx, row.approval_id, row.expires_at, clock_changed=self.clock_changed.set
                 )
             )
+            await self._ours(approving.record(ctx, row.approval_id, decided))
         seq = await self._ours(ctx.writer.flush())
         row.decision, row.decided_by, row.comment = decided
         await self._record(idx, "approval", "approval", True, msgspec.json.encode(row), seq)
@@ -452,21 +425,6 @@ class Journal:
         await self._status("running")
         self._advance()
         return Decision(decided.decision, decided.decided_by, decided.comment)  # type: ignore[arg-type]
-
-    async def _wait(self, row: _ApprovalRow) -> DecisionInfo:
-        ctx = self.ctx
-        m = ctx.metrics
-        ctx.pause_clock()
-        self.clock_changed.set()
-        m.approvals_waiting.inc()
-        try:
-            decision = await self._ours(wait_decision(ctx, row.approval_id, row.expires_at))
-        finally:
-            m.approvals_waiting.dec()
-            ctx.resume_clock()
-            self.clock_changed.set()
-        m.approvals.labels(decision.decision).inc()
-        return decision
 
     # -- bookkeeping
 

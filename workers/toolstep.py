@@ -29,18 +29,16 @@ again on the new owner. Each result is logged, flushed, then checkpointed
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
-import asyncpg
 import msgspec
 
-from broker import approvals, errors, events, ids
-from broker.store import TRANSIENT_DB_ERRORS
+from broker import errors, events, ids
 
+from . import approving
 from .binding import call_digest
-from .context import Parked, Released, RunContext, Stopped
+from .context import Released, RunContext, Stopped
 from .errors import RunFailure, ToolError
 from .model import Message, ToolCall
 from .signals import DecisionInfo
@@ -176,19 +174,7 @@ async def request_approval(
     state.approval_summary = tool.approval_summary(call.arguments)
     # Fenced by the epoch like every write of ours: a worker that lost the run
     # meanwhile gets StaleEpoch here and leaves no approval behind.
-    await ctx.write(
-        lambda: approvals.create(
-            ctx.store.pool,
-            approval_id=state.approval_id,
-            run_id=ctx.run.run_id,
-            epoch=ctx.writer.epoch,
-            tool_call_id=call.id,
-            summary=state.approval_summary,
-            expires_at_ms=state.approval_expires_at,
-            call_digest=call_digest(call.name, call.arguments),
-        ),
-        "approval create",
-    )
+    await approving.create(ctx, _ask(state, call))
     # The checkpoint records where the log ends before approval_required, so
     # a takeover can tell what of the approval made it into the log.
     await checkpoint(ctx, state, "waiting_approval")
@@ -197,17 +183,17 @@ async def request_approval(
 
 
 async def append_request(ctx: RunContext, state: AgentState) -> None:
-    call = state.pending[0]
-    await ctx.append(
-        events.ApprovalRequired(
-            approval_id=state.approval_id,
-            tool_call_id=call.id,
-            summary=state.approval_summary,
-            expires_at=state.approval_expires_at,
-            call_digest=call_digest(call.name, call.arguments),
-        )
+    await approving.request(ctx, _ask(state, state.pending[0]))
+
+
+def _ask(state: AgentState, call: ToolCall) -> approving.Ask:
+    return approving.Ask(
+        state.approval_id,
+        call.id,
+        state.approval_summary,
+        state.approval_expires_at,
+        call_digest(call.name, call.arguments),
     )
-    await ctx.writer.flush()
 
 
 async def checkpoint(ctx: RunContext, state: AgentState, status: str = "running") -> None:
@@ -229,26 +215,11 @@ async def wait_and_record(
 ) -> DecisionInfo:
     """Wait for the decision on `state.approval_id` and log it — unless
     `logged`: a takeover found it already in the log."""
-    m = ctx.metrics
     if logged is not None:
         decision = logged
     else:
-        ctx.pause_clock()
-        m.approvals_waiting.inc()
-        try:
-            decision = await wait_decision(ctx, state.approval_id, state.approval_expires_at)
-        finally:
-            m.approvals_waiting.dec()
-            ctx.resume_clock()
-        m.approvals.labels(decision.decision).inc()
-        await ctx.append(
-            events.ApprovalDecided(
-                approval_id=state.approval_id,
-                decision=decision.decision,  # type: ignore[arg-type]
-                decided_by=decision.decided_by,
-                comment=decision.comment,
-            )
-        )
+        decision = await approving.wait(ctx, state.approval_id, state.approval_expires_at)
+        await approving.record(ctx, state.approval_id, decision)
     state.approval_id = ""
     state.decided = DecidedCall(
         call_id=state.pending[0].id,
@@ -258,61 +229,3 @@ async def wait_and_record(
     )
     await checkpoint(ctx, state)
     return decision
-
-
-async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -> DecisionInfo:
-    """The decision on `approval_id`: from the control message, a poll of
-    PostgreSQL every `approval_poll_s`, or the expiry (stored as `expired`,
-    fenced). Raises Stopped, Released or RunFailure(worker_draining) when the
-    run is stopped or its worker drains, and Parked once it has waited
-    `approval_park_after_s` and a look at PostgreSQL found no decision. The
-    built-in loop's and the agent API's approvals (`durable.py`) both wait
-    here."""
-    sig = ctx.signals
-    pool = ctx.store.pool
-    w = ctx.writer
-    poll_s = ctx.settings.approval_poll_s
-    park_after = ctx.settings.approval_park_after_s
-    loop = asyncio.get_running_loop()
-    parks_at = loop.time() + park_after if park_after >= 0 else None
-    next_poll = 0.0  # poll at once: the decision may already be stored
-    while True:
-        sig.changed.clear()
-        if sig.stop is not None:
-            raise Stopped()
-        if sig.release_waiting:
-            raise Released()
-        if sig.drain_end:
-            raise RunFailure("worker_draining")
-        got = sig.decisions.get(approval_id)
-        if got is not None:
-            return got
-        try:
-            if ctx.now_ms() >= expires_at_ms:
-                # StaleEpoch (not caught here) if the run was taken over.
-                info = await approvals.expire(pool, approval_id, run_id=w.run_id, epoch=w.epoch)
-                if info.decision is not None:
-                    return DecisionInfo(info.decision, info.decided_by or "system", info.comment)
-                next_poll = loop.time() + poll_s  # PostgreSQL's clock is behind ours
-            elif loop.time() >= next_poll:
-                info = await approvals.get(pool, approval_id)
-                if info.decision is not None:
-                    return DecisionInfo(info.decision, info.decided_by or "", info.comment)
-                if parks_at is not None and loop.time() >= parks_at and sig.stop is None:
-                    sig.parked_on = approval_id
-                    raise Parked()
-                next_poll = loop.time() + poll_s
-                if parks_at is not None:
-                    next_poll = min(next_poll, max(parks_at, loop.time()))
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
-            log.warning("approval %s: cannot read its state (%s); retrying", approval_id, e)
-            next_poll = loop.time() + poll_s
-        until_expiry = (expires_at_ms - ctx.now_ms()) / 1000
-        wait_s = max(
-            0.01, min(next_poll - loop.time(), until_expiry if until_expiry > 0 else poll_s)
-        )
-        try:
-            async with asyncio.timeout(wait_s):
-                await sig.changed.wait()
-        except TimeoutError:
-            pass
