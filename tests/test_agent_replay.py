@@ -24,7 +24,16 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from workers.verify import Replay
 
-from .workerkit import IN_SLOT, WorkerProcess, of, read_run, running_worker, start, wait_until
+from .workerkit import (
+    IN_SLOT,
+    WorkerProcess,
+    of,
+    read_run,
+    running_worker,
+    start,
+    wait_event,
+    wait_until,
+)
 
 AGENT = "tests.agents.api_agents:wavering"
 _DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
@@ -193,3 +202,29 @@ def _changeable(e: events.Event, how: str) -> bool:
     if how == "text":
         return isinstance(e, events.TextDelta | events.ReasoningDelta)
     return how == "args" and isinstance(e, events.ToolArgsDelta)
+
+
+async def test_a_tool_result_from_a_step_that_did_not_finish_fails_worker_lost(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """The step's tool result was committed, then its worker died before the
+    step's row: the step is not run again (its tool would act twice)."""
+    agent = "tests.agents.api_agents:reports_inside"
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=agent, **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, json.dumps({"dir": str(tmp_path)}))
+        await wait_event(client, run_id, "tool_result")
+    finally:
+        await doomed.kill()
+    (tmp_path / "go").touch()
+    async with running_worker(settings, purge=False, agent=agent):
+        evs = await read_run(client, run_id)
+    (err,) = of(evs, events.RunError)
+    assert (err.code, err.message) == (
+        "worker_lost",
+        "the run cannot be resumed: the tool_result at seq 4 came from step 'charge', "
+        "which did not finish",
+    )
+    assert (tmp_path / "acted").read_text() == "x"  # not run again
+    assert evs[-1].status == "failed"  # type: ignore[union-attr]

@@ -309,7 +309,19 @@ class Journal:
         self._check()
         if self._in_step:
             raise RuntimeError("steps do not nest, and do not run concurrently")
-        self._check_logged_result(f"step {name!r}")
+        if self._logged_result is not None and not self.replaying:
+            # The tool result the tail starts with was emitted inside this
+            # step, which did not finish: running it again would run the tool
+            # again, and its stored result is lost.
+            seq = self._logged_result.seq
+            self.fatal = RunFailure(
+                "worker_lost",
+                f"the run cannot be resumed: the tool_result at seq {seq} came from step "
+                f"{name!r}, which did not finish",
+            )
+            log.warning("run %s: cannot be resumed (tool_result at seq %d inside step %r)",
+                        self.ctx.run.run_id, seq, name)  # fmt: skip
+            raise self.fatal
         idx = self.idx
         if self.replaying:
             rec = self._expect(idx, "step", name)

@@ -193,3 +193,24 @@ async def wavering(ctx: AgentContext) -> None:
     found = await ctx.step("work", work)
     await _wait_file(Path(d) / "go")
     await ctx.text(ctx.message_id(), f"found {found}.")
+
+
+async def reports_inside(ctx: AgentContext) -> None:
+    """A tool card, then a step that emits its result and waits (forever, in
+    the process the test kills) for `d/go`: the result is the first thing in
+    the log after the last durable point, the step's row is not there.
+    Counts each run of the step in `d/acted`."""
+    d = json.loads(ctx.input)["dir"]
+    call = ctx.tool_call_id()
+    await ctx.tool_start(call, "charge_card")
+    await ctx.tool_end(call)
+    await ctx.step("quote", lambda: _noop())  # a durable point after the card
+
+    async def act() -> str:
+        _count(d, "acted")
+        await ctx.tool_result(call, "ok", "charged")
+        await _wait_file(Path(d) / "go")
+        return "charged"
+
+    await ctx.step("charge", act)
+    await ctx.text(ctx.message_id(), "done.")
