@@ -16,7 +16,7 @@ from workers.api import AgentError
 from .agents import api_agents
 from .helpers import sample
 from .workerkit import (
-    IN_SLOT,
+    DOOMED,
     WorkerProcess,
     of,
     read_run,
@@ -28,7 +28,7 @@ from .workerkit import (
 )
 
 AGENTS = "tests.agents.api_agents"
-_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
+_DOOMED = DOOMED
 
 
 def _count(d: Path, name: str) -> int:

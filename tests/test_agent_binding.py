@@ -16,7 +16,7 @@ from broker.settings import Settings
 from workers.binding import call_digest
 
 from .workerkit import (
-    IN_SLOT,
+    DOOMED,
     WorkerProcess,
     of,
     read_run,
@@ -27,7 +27,7 @@ from .workerkit import (
 )
 
 AGENTS = "tests.agents.api_agents"
-_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
+_DOOMED = DOOMED
 
 
 def _count(d: Path, name: str) -> int:

@@ -27,7 +27,7 @@ from .agents import lg_agent
 from .gw import running_gateway, ws_connect
 from .helpers import sample
 from .workerkit import (
-    IN_SLOT,
+    DOOMED,
     WorkerProcess,
     of,
     read_run,
@@ -39,7 +39,7 @@ from .workerkit import (
 )
 
 AGENT = "tests.agents.lg_agent:agent"
-_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
+_DOOMED = DOOMED
 
 
 @pytest_asyncio.fixture(autouse=True, loop_scope="session")

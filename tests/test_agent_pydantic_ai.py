@@ -28,7 +28,7 @@ from .agents import pa_agent
 from .gw import running_gateway, ws_connect
 from .helpers import sample
 from .workerkit import (
-    IN_SLOT,
+    DOOMED,
     WorkerProcess,
     of,
     read_run,
@@ -41,7 +41,7 @@ from .workerkit import (
 )
 
 AGENT = "tests.agents.pa_agent:agent"
-_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
+_DOOMED = DOOMED
 
 
 def _input(**kw: object) -> str:

@@ -25,7 +25,7 @@ from broker.settings import Settings
 from workers.verify import Replay
 
 from .workerkit import (
-    IN_SLOT,
+    DOOMED,
     WorkerProcess,
     of,
     read_run,
@@ -36,7 +36,7 @@ from .workerkit import (
 )
 
 AGENT = "tests.agents.api_agents:wavering"
-_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
+_DOOMED = DOOMED
 
 
 def visible_text(evs: list[events.AnyEvent]) -> str:

@@ -17,6 +17,7 @@ from broker.settings import Settings
 
 from .helpers import sample
 from .workerkit import (
+    DOOMED,
     IN_SLOT,
     TOOL_LOG_ENV,
     WorkerProcess,
@@ -32,8 +33,7 @@ from .workerkit import (
     wait_until,
 )
 
-# Short leases for the process that gets killed, so takeovers come quickly.
-_DOOMED = {"worker_lease_s": 2.0, **IN_SLOT}
+_DOOMED = DOOMED
 
 
 async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(

@@ -45,6 +45,9 @@ WORKER_DEFAULTS: dict[str, Any] = {
 # approval_park_after_s < 0), so a kill, a pause or a drain meets a run
 # waiting, as with a park delay or in the moment before a run parks.
 IN_SLOT: dict[str, Any] = {"approval_park_after_s": -1.0}
+# The settings of a worker process a test kills: a short lease (takeovers
+# come quickly) and runs that wait in their slots (IN_SLOT).
+DOOMED: dict[str, Any] = {"worker_lease_s": 2.0, **IN_SLOT}
 
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:

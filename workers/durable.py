@@ -95,6 +95,9 @@ class _ApprovalRow(msgspec.Struct, kw_only=True):
 RESULT_STEP = "runlog:tool_result"
 
 
+# Events the agent emits that say something of the moment (never compared).
+_QUIET = (events.Status, events.Progress)
+
 _step_decoder = msgspec.json.Decoder(_StepResult)
 _approval_decoder = msgspec.json.Decoder(_ApprovalRow)
 
@@ -226,7 +229,7 @@ class Journal:
                 if self.replaying and self._replay is not None:
                     await self._replay.take(event)  # the same as the log's, or the run fails
                 return await self._result_point(event)
-        if not isinstance(event, events.Status | events.Progress):
+        if not isinstance(event, _QUIET):
             self._check_logged_result(f"a {event.__struct_config__.tag}")
         if self.replaying:
             if self._replay is None or await self._replay.take(event):
