@@ -10,7 +10,7 @@ that the caller can commit the decision together with its audit row.
 
 Contract of the worker's writes (`create`, `expire`, `close_open_for_run`):
 each is made on the run's behalf by its owner and is fenced like an append
-(`log.py`) or `Store.save_checkpoint`: it takes effect only while
+(`log.py`) or `Store.set_status`: it takes effect only while
 `runs.owner_epoch` is the writer's epoch and the run has not ended, else it
 changes nothing and raises StaleEpoch. The check is part of the write's own
 statement, and it locks the run's row (FOR SHARE), which a takeover's epoch

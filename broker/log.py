@@ -6,9 +6,9 @@ Contract:
   run's last committed seq and owner epoch are what the writer expects, so a
   writer that lost ownership (a newer epoch exists) appends nothing and gets
   StaleEpoch, for this and every later append. The commit of a `run_end`
-  also clears the run's worker checkpoint (workers/state.py), in the same
-  statement: an ended run keeps no state nobody reads again, and a worker
-  that dies before `run_end` commits still leaves its last one.
+  also clears `runs.checkpoint` in the same statement (workers before the
+  one engine wrote it; none do now, and it stays NULL), and sets the run's
+  status.
 - Every event also gets its session's `cursor`, contiguous per session across
   all runs and all writers. Cursors are taken under the session row's lock,
   which is held until commit, so cursors commit in order: once cursor N is

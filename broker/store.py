@@ -717,27 +717,18 @@ class Store:
             epoch,
         )
 
-    @_writes("checkpoint")
-    async def save_checkpoint(
-        self, run_id: str, epoch: int, checkpoint: bytes | None, status: str
-    ) -> bool:
-        """Store the agent's state and status under the owner's epoch (fenced)."""
+    @_writes("run status")
+    async def set_status(self, run_id: str, epoch: int, status: str) -> bool:
+        """The run's status (`running`, `waiting_approval`) under the owner's
+        epoch (fenced); False if another worker owns it or it ended."""
         done = await self.pool.fetchval(
-            "UPDATE runs SET checkpoint = $3, status = $4"
+            "UPDATE runs SET status = $3"
             " WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL RETURNING 1",
             run_id,
             epoch,
-            checkpoint,
             status,
         )
         return bool(done)
-
-    @_reads("checkpoint read")
-    async def load_checkpoint(self, run_id: str) -> bytes | None:
-        value: bytes | None = await self.pool.fetchval(
-            "SELECT checkpoint FROM runs WHERE run_id = $1", run_id
-        )
-        return value
 
     @_reads("expired runs read")
     async def expired_runs(self, limit: int = 100) -> list[str]:

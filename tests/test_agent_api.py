@@ -322,3 +322,54 @@ async def test_steps_are_fenced_by_the_owners_epoch(broker: Broker) -> None:
             done=True, result=b"{}", seq=0,
         )  # fmt: skip
     assert await steps.load(broker.store.pool, run_id) == []
+
+
+async def test_an_agent_stops_at_once_when_its_worker_loses_the_run(settings: Settings) -> None:
+    """Another worker took the run (this one's lease ran out): the agent is
+    cancelled with the run's task, not left to run on (a tool, a model call)
+    for a run that is not this worker's any more."""
+    async with running_worker(settings, agent=f"{AGENTS}:stalls") as (b, _):
+        _, run_id = await start(b, "never again")
+        await wait_event(b, run_id, "text_delta")
+        await b.store.pool.execute(
+            "UPDATE runs SET lease_until = now() - interval '1 minute' WHERE run_id = $1", run_id
+        )
+        thief = await b.store.claim_expired(run_id, "thief", 60.0)
+        assert thief is not None
+
+        async def cancelled() -> bool:
+            return api_agents.SEEN.get(run_id) == ["cancelled"]
+
+        await wait_until(cancelled)
+        w = b.writer(thief)  # the new owner ends it, so no later test finds it
+        await w.append(events.RunEnd(status="aborted"))
+        await w.flush()
+
+
+async def test_a_resumed_run_goes_on_with_the_time_its_first_owner_used(
+    settings: Settings, client: Broker, tmp_path: Path
+) -> None:
+    """run_timeout_s counts the run's time across a takeover: 2.5 s used
+    before the last durable point, then 1 s more on the new owner, is past a
+    3 s budget (from zero again it would fit)."""
+    marker = tmp_path / "second-started"
+    doomed = WorkerProcess(settings, tmp_path / "a.log", agent=f"{AGENTS}:timed", **_DOOMED)
+    await doomed.start()
+    try:
+        _, run_id = await start(client, str(marker))
+
+        async def second_started() -> bool:
+            return marker.exists()
+
+        await wait_until(second_started)
+    finally:
+        await doomed.kill()
+    async with running_worker(
+        settings, purge=False, agent=f"{AGENTS}:timed", run_timeout_s=3.0
+    ) as (_, w):
+        evs = await read_run(client, run_id)
+    assert w.metrics is not None
+    assert sample(w.metrics, "runlog_worker_takeovers_total", outcome="resumed") == 1
+    err = evs[-2]
+    assert isinstance(err, events.RunError) and err.code == "run_timeout"
+    assert not of(evs, events.TextDelta)  # the second step never finished

@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from broker import errors, events
+from broker import errors, events, steps
 from broker.settings import Settings
-from workers.state import decode_state
 
 from .helpers import sample
 from .workerkit import of, read_run, running_worker, start, text_of, wait_event
@@ -25,19 +24,18 @@ async def test_approve_and_deny(settings: Settings) -> None:
         assert isinstance(req_d, events.ApprovalRequired)
         assert req_a.expires_at > time.time() * 1000 + 30_000
         assert "send_message" in req_a.summary
-        # While waiting, PostgreSQL holds the checkpoint that lets any worker resume.
+        # While waiting, PostgreSQL holds what lets any worker resume: the
+        # approval's open row, at the seq before approval_required.
         info = await b.store.get_run(approved)
         assert info.status == "waiting_approval"
-        raw = await b.store.load_checkpoint(approved)
-        state = decode_state(raw or b"")
-        assert state is not None and state.approval_id == req_a.approval_id
-        assert state.pending[0].name == "send_message" and state.at_seq == req_a.seq - 1
+        last = (await steps.load(b.store.pool, approved))[-1]
+        assert (last.kind, last.done, last.seq) == ("approval", False, req_a.seq - 1)
+        assert last.result is not None and req_a.approval_id.encode() in last.result
 
         await b.decide(req_a.approval_id, "approve", "bob", "go ahead")
         await b.decide(req_d.approval_id, "reject", "bob", "not now")
         a_evs, d_evs = await asyncio.gather(read_run(b, approved), read_run(b, denied))
         assert (await b.store.get_run(approved)).status == "completed"
-        assert await b.store.load_checkpoint(approved) is None
     assert w.metrics is not None
     assert sample(w.metrics, "runlog_worker_approvals_total", outcome="approve") == 1
     assert sample(w.metrics, "runlog_worker_approvals_total", outcome="reject") == 1

@@ -1,5 +1,5 @@
 """Pure parts of the worker, without servers: the scripted agent, the tool
-registry, checkpoints, the adapter factory."""
+registry, the adapter factory."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from workers.model import (
     ToolCallBegin,
     ToolCallDone,
 )
-from workers.state import AgentState, DecidedCall, decode_state, encode_state
 from workers.tools import Tool, ToolOutput, load_tools
 
 
@@ -152,25 +151,6 @@ async def _extra(args: dict[str, object], ctx: object) -> ToolOutput:
 
 
 EXTRA = Tool(name="extra", description="a test tool", fn=_extra)
-
-
-def test_checkpoint_round_trip_and_junk() -> None:
-    state = AgentState(
-        messages=[Message(role="user", content="hi")],
-        step=2,
-        pending=[ToolCall(id="c1", name="send_message", arguments="{}")],
-        approval_id="ap_x",
-        at_seq=42,
-        side_effects=["c0"],
-        decided=DecidedCall(call_id="c1", decision="approve", decided_by="bob"),
-        started="c1",
-        resumes=2,
-    )
-    assert decode_state(encode_state(state)) == state
-    assert decode_state(b"not json") is None
-    assert decode_state(b'{"step": "two"}') is None
-    # A checkpoint from a worker that knew fewer fields still decodes.
-    assert decode_state(b'{"step": 3}') == AgentState(step=3)
 
 
 def test_adapter_factory() -> None:

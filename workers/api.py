@@ -186,7 +186,13 @@ class AgentContext:
 
     @overload
     async def step(
-        self, name: str, fn: Callable[[], Awaitable[Any]], *, retryable: bool = True
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[Any]],
+        *,
+        retryable: bool = True,
+        cancellable: bool = True,
+        tool_call_id: str = "",
     ) -> Any: ...
 
     @overload
@@ -196,6 +202,8 @@ class AgentContext:
         fn: Callable[[], Awaitable[Any]],
         *,
         retryable: bool = True,
+        cancellable: bool = True,
+        tool_call_id: str = "",
         type: type[T],
     ) -> T: ...
 
@@ -205,14 +213,28 @@ class AgentContext:
         fn: Callable[[], Awaitable[Any]],
         *,
         retryable: bool = True,
+        cancellable: bool = True,
+        tool_call_id: str = "",
         type: Any = None,
     ) -> Any:
         """`await fn()` once per run; its result (JSON-encodable by msgspec)
         is stored, and a replay returns it (decoded as `type` if given, else
         as plain JSON values) without calling `fn`. `retryable=False`: if the
         worker dies while `fn` runs, the run fails `step_interrupted` rather
-        than calling it again."""
-        return await self._j.step(name, fn, retryable=retryable, type=type)
+        than calling it again. `cancellable=False`: a stop (or the drain
+        deadline) waits for `fn` to return before cutting the agent short
+        (the run's time limit still cancels it). `tool_call_id`: the step runs
+        that tool call; if the worker dies while a not-retryable one runs,
+        its card gets `tool_result` error and the run fails
+        `tool_interrupted`."""
+        return await self._j.step(
+            name,
+            fn,
+            retryable=retryable,
+            cancellable=cancellable,
+            tool_call_id=tool_call_id,
+            type=type,
+        )
 
     async def approval(
         self, summary: str, *, tool_call_id: str = "", timeout_s: float | None = None

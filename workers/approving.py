@@ -1,8 +1,5 @@
-"""Approvals, as both engines ask for them: the built-in loop
-(`toolstep.py`, durable by its checkpoint) and agents on `workers.api`
-(`durable.py`, durable by their step rows). Each engine records its own
-durable point around these; what is asked, logged and waited for is the
-same:
+"""Approvals, as the journal asks for them (`durable.py`, durable by its
+step rows: the one engine of every agent, the built-in loop included):
 
 - `create`: the approval row, fenced by the owner's epoch (a worker that
   lost the run gets StaleEpoch and leaves no approval behind), with the
@@ -113,7 +110,7 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
     fenced). Raises Stopped, Released or RunFailure(worker_draining) when the
     run is stopped or its worker drains, and Parked once it has waited
     `approval_park_after_s` and a look at PostgreSQL found no decision. The
-    built-in loop's and the agent API's approvals (`durable.py`) both wait
+    journal's approvals (`durable.py`), for every agent, wait
     here."""
     sig = ctx.signals
     pool = ctx.store.pool

@@ -8,8 +8,8 @@ tool call, its summary. The digest of that is stored with the approval
 
 - a replay after a takeover applies the stored decision only when the call
   the agent produces again has the same digest; another one fails the run
-  `agent_nondeterministic` before anything runs (`workers/durable.py`,
-  `workers/toolstep.py`);
+  `agent_nondeterministic` before anything runs (`workers/durable.py`, for
+  every agent, the built-in loop included);
 - a decision request may carry the digest the approver saw; if the approval
   now guards something else, it gets 409 `approval_stale` (`broker/approvals.py`).
 """

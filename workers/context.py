@@ -1,14 +1,10 @@
 """What one run's execution shares: its writer, signals, clocks and limits.
 
-`RunContext.guard` is the single place where a phase of the run (a model
-turn, a tool call) is raced against the things that may cut it short:
-
-- a stop or the drain deadline (`signals.halt`): the phase's task is
-  cancelled at once, which for a model turn closes the provider connection;
-- the phase's own timeout (model turn: between items, inside the turn; tool:
-  `tool_timeout_s`), with its own error code;
-- the run's remaining time budget (`run_timeout_s`, which does not run while
-  the run waits for an approval), code `run_timeout`.
+The run's clock is its time budget (`run_timeout_s`): it does not run while
+the run waits for an approval (`pause_clock`), and a resumed run starts it
+at the time its last durable point recorded (`durable.py`). What cuts an
+agent short — a stop, the drain deadline, the budget — is raced in
+`runner.py`.
 """
 
 from __future__ import annotations
@@ -32,10 +28,6 @@ from .tools import ToolRegistry
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# After cancelling a phase, how long to wait for it to unwind (a tool that
-# swallows cancellation must not hang the stop).
-_UNWIND_S = 5.0
 
 
 class Stopped(Exception):
@@ -76,6 +68,9 @@ class RunContext:
         self.produced_output = False  # content deltas or tool drafts are in the log
         self.resulted: set[str] = set()  # tool calls that got their tool_result
         self.opened: list[str] = []  # tool calls whose tool_call_start was appended
+        # A takeover's resume: told "resumed" or "failed" once the replay
+        # knows whether the run can go on (the takeovers metric).
+        self.on_resume: Callable[[str], None] = lambda outcome: None
         self._deadline = 0.0  # loop time at which the run timeout fires
         self._paused_remaining: float | None = None
 
@@ -136,55 +131,6 @@ class RunContext:
             raise Stopped()
         if self.signals.drain_end:
             raise RunFailure("worker_draining")
-
-    async def guard(
-        self,
-        aw: Awaitable[T],
-        *,
-        timeout_s: float | None,
-        code: str,
-        cancellable: bool = True,
-        on_cancelled: Callable[[], None] | None = None,
-    ) -> T:
-        """Run `aw` as a task until it finishes, times out or is halted.
-
-        A halt cancels it only if `cancellable`; otherwise the phase is left
-        to finish (within its timeout) and the caller checks the halt after.
-        `on_cancelled` runs once a halted phase has fully unwound.
-        """
-        self.check_halt()
-        budget = self._remaining()
-        if budget <= 0:
-            raise RunFailure("run_timeout")
-        if timeout_s is None or timeout_s >= budget:
-            limit, limit_code = budget, "run_timeout"
-        else:
-            limit, limit_code = timeout_s, code
-        task = asyncio.ensure_future(aw)
-        halt = asyncio.ensure_future(self.signals.halt.wait()) if cancellable else None
-        try:
-            waiting: set[asyncio.Future[object]] = {task}  # type: ignore[arg-type]
-            if halt is not None:
-                waiting.add(halt)  # type: ignore[arg-type]
-            done, _ = await asyncio.wait(
-                waiting, timeout=limit, return_when=asyncio.FIRST_COMPLETED
-            )
-            if task in done:
-                return task.result()
-            task.cancel()
-            await asyncio.wait({task}, timeout=_UNWIND_S)
-            if halt is not None and halt in done:
-                if on_cancelled is not None:
-                    on_cancelled()
-                self.check_halt()
-            raise RunFailure(limit_code)
-        finally:
-            if halt is not None:
-                halt.cancel()
-            if not task.done():
-                task.cancel()
-            elif not task.cancelled():
-                task.exception()  # retrieved: never "exception was never retrieved"
 
 
 def _loop_time() -> float:

@@ -2,12 +2,13 @@
 
 A run's durable operations (`ctx.step`, `ctx.approval`) are numbered by call
 order; each one is a row of `run_steps` (`broker/steps.py`) written under the
-owner's epoch with the seq the log ended at:
+owner's epoch with the seq the log ended at (and the run time used, so a
+resumed run's time budget goes on from there):
 
 | operation | rows |
 |---|---|
 | retryable step | one, `done`, after `fn` returned and its events were flushed |
-| step with `retryable=False` | `started` before `fn` runs, `done` after |
+| step with `retryable=False` | `started` (with the tool call it runs, if given) before `fn` runs, `done` after |
 | approval | `started` (its id, expiry, call digest) before the approval is created and `approval_required` appended, `done` with the decision after `approval_decided` |
 | `tool_result` outside a step | one, `done` (named `runlog:tool_result`, the result as stored), after it was flushed |
 
@@ -78,6 +79,13 @@ class _StepResult(msgspec.Struct, kw_only=True):
     # (-1 in rows from before this field: the replay does not compare the
     # events before such a step).
     began: int = -1
+    used_s: float = 0.0  # the run's time used when the step ended (run_timeout_s)
+
+
+class _Started(msgspec.Struct, kw_only=True):
+    """A not-retryable step's row while it runs."""
+
+    tool_call_id: str = ""  # the tool call it runs, if any
 
 
 class _ApprovalRow(msgspec.Struct, kw_only=True):
@@ -89,6 +97,7 @@ class _ApprovalRow(msgspec.Struct, kw_only=True):
     decided_by: str = ""
     comment: str = ""
     call_digest: str = ""  # binding.py; "" in rows from before it
+    used_s: float = 0.0  # the run's time used when it was asked (run_timeout_s)
 
 
 # The durable point a tool_result outside a step is (a name no step may have).
@@ -100,6 +109,9 @@ _QUIET = (events.Status, events.Progress)
 
 _step_decoder = msgspec.json.Decoder(_StepResult)
 _approval_decoder = msgspec.json.Decoder(_ApprovalRow)
+_started_decoder = msgspec.json.Decoder(_Started)
+
+INTERRUPTED = "interrupted: its worker stopped while it ran"
 
 
 class Journal:
@@ -122,6 +134,13 @@ class Journal:
         # On a resume: the log's events up to the last durable point, which
         # the replay must emit again (verify.py).
         self._replay: Replay | None = None
+        # A step with cancellable=False is running: a stop waits for it (runner.py).
+        self.uncancellable = False
+        # For the stop audit: what the agent counts as its steps (the built-in
+        # loop: model turns; None: the durable operations) and the tool calls
+        # with side effects that started.
+        self.turns: int | None = None
+        self.side_effects: list[str] = []
 
     @classmethod
     async def load(cls, ctx: RunContext) -> Journal:
@@ -131,6 +150,16 @@ class Journal:
             what="steps read",
         )
         return cls(ctx, records)
+
+    def used_s(self) -> float:
+        """The run time the last durable row recorded (a resumed run's clock
+        starts there: the dead owner's time after it is not counted)."""
+        for rec in reversed(self.records):
+            if rec.kind == "approval" and rec.result:
+                return _approval_of(rec).used_s
+            if rec.kind == "step" and rec.done and rec.name != RESULT_STEP and rec.result:
+                return _step_decoder.decode(rec.result).used_s
+        return 0.0
 
     @property
     def replaying(self) -> bool:
@@ -146,6 +175,17 @@ class Journal:
         last = self.records[-1] if self.records else None
         waiting = last is not None and last.kind == "approval" and not last.done
         if last is not None and last.kind == "step" and not last.done:
+            started = _started_decoder.decode(last.result) if last.result else _Started()
+            if started.tool_call_id:
+                # Its card is in the log, open: it gets its result, and the
+                # run fails without running the call again.
+                ctx.resulted.add(started.tool_call_id)
+                await ctx.append(
+                    events.ToolResult(
+                        tool_call_id=started.tool_call_id, status="error", summary=INTERRUPTED
+                    )
+                )
+                raise RunFailure("tool_interrupted")
             raise RunFailure("step_interrupted", f"step {last.name!r} was running")
         progress_epoch = last.last_epoch if last is not None else 1
         if not waiting and ctx.writer.epoch - progress_epoch > ctx.settings.agent_max_resumes:
@@ -171,11 +211,10 @@ class Journal:
         self._tail = tail
         if last is not None:
             self._replay = await self._load_replay(last.seq)
-        for ev in tail:
-            if isinstance(ev, events.ToolCallStart):
-                ctx.opened.append(ev.tool_call_id)
+        in_tail = [ev.tool_call_id for ev in tail if isinstance(ev, events.ToolCallStart)]
+        ctx.opened.extend(in_tail)
         await retract(ctx.writer, tail)
-        ctx.resulted.update(ctx.opened)  # the retraction gave each its result
+        ctx.resulted.update(in_tail)  # the retraction gave each its result
         if announce:
             await ctx.append(events.Status(code="resumed", summary="resumed by another worker"))
 
@@ -191,11 +230,16 @@ class Journal:
             if not page:
                 break
             after = page[-1].seq
+        for ev in logged:  # the cards a replayed step opened get their result at the end
+            if isinstance(ev, events.ToolCallStart):
+                ctx.opened.append(ev.tool_call_id)
+            elif isinstance(ev, events.ToolResult):
+                ctx.resulted.add(ev.tool_call_id)
         inside: list[tuple[int, int]] = []
         guarded: dict[str, str] = {}
         prev = 0
         for rec in self.records:
-            if rec.kind == "step" and rec.name != RESULT_STEP and rec.result is not None:
+            if rec.kind == "step" and rec.done and rec.name != RESULT_STEP and rec.result:
                 began = _step_decoder.decode(rec.result).began
                 inside.append((began if began >= 0 else prev, rec.seq))
             elif rec.kind == "approval":
@@ -307,7 +351,14 @@ class Journal:
     # -- steps
 
     async def step(
-        self, name: str, fn: Callable[[], Awaitable[Any]], *, retryable: bool, type: Any
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[Any]],
+        *,
+        retryable: bool,
+        cancellable: bool = True,
+        tool_call_id: str = "",
+        type: Any = None,
     ) -> Any:
         self._check()
         if self._in_step:
@@ -337,17 +388,27 @@ class Journal:
         ctx = self.ctx
         if not retryable:
             seq = await self._ours(ctx.writer.flush())
-            await self._record(idx, name, "step", False, None, seq)
+            started = msgspec.json.encode(_Started(tool_call_id=tool_call_id))
+            await self._record(idx, name, "step", False, started, seq)
         before = list(self.usage)
         began = ctx.writer.last_seq
         self._in_step = True
+        self.uncancellable = not cancellable
         try:
             value = await fn()
         finally:
             self._in_step = False
+            if not cancellable:
+                self.uncancellable = False
+                self.clock_changed.set()  # a stop that waited for it goes on
         data = encode_result(value)
         used = tuple(a - b for a, b in zip(self.usage, before, strict=True))
-        result = _StepResult(value=msgspec.Raw(data), usage=used, began=began)  # type: ignore[arg-type]
+        result = _StepResult(
+            value=msgspec.Raw(data),
+            usage=used,  # type: ignore[arg-type]
+            began=began,
+            used_s=ctx.used_s(),
+        )
         blob = msgspec.json.encode(result)
         seq = await self._ours(ctx.writer.flush())
         await self._record(idx, name, "step", True, blob, seq)
@@ -391,6 +452,7 @@ class Journal:
             # A call this execution did not emit (given by id only) is bound
             # by its id alone: the log holds no arguments to show.
             call_digest=digest or "",
+            used_s=ctx.used_s(),
         )
         # The row first, then the approval: a takeover in between finds the
         # row and creates the same approval (create is idempotent), so no
@@ -493,7 +555,7 @@ class Journal:
         ctx = self.ctx
         w = ctx.writer
         ok = await self._ours(
-            ctx.write(lambda: ctx.store.save_checkpoint(w.run_id, w.epoch, None, status), "status")
+            ctx.write(lambda: ctx.store.set_status(w.run_id, w.epoch, status), "status")
         )
         if not ok:
             self.fatal = errors.StaleEpoch(f"run {w.run_id}: ownership lost")

@@ -1,8 +1,7 @@
 """What a takeover does with the dead owner's in-flight work: the tail.
 
-A run is durable up to its last checkpoint (the built-in loop) or its last
-stored step (an agent written against `workers.api`): both record the seq
-the log ended at. Whatever the old owner appended after that seq — the tail
+A run is durable up to its last stored step (`durable.py`; every agent,
+the built-in loop included), which records the seq the log ended at. Whatever the old owner appended after that seq — the tail
 — is work in flight when it died. The new owner repeats that work, so the
 tail is retracted first, with events clients already handle:
 

@@ -17,44 +17,51 @@ import importlib
 import logging
 import secrets
 from collections.abc import Awaitable
+from typing import Literal
 
 from broker import errors, events
-from broker.store import Ownership, Store
 
 from . import ending
-from .agent import Outcome
 from .api import Agent, AgentContext, AgentError
 from .context import Parked, Released, RunContext, Stopped
 from .durable import Journal
 from .errors import RunFailure
-from .takeover import MAX_RESTART_EPOCH, TakeoverPlan
 
 log = logging.getLogger(__name__)
 
+Outcome = Literal["completed", "aborted", "failed", "released", "parked", "lost"]
+
 
 async def run_agent(
-    ctx: RunContext, agent: Agent, *, resumed: bool, woken: bool = False
+    ctx: RunContext, agent: Agent, *, resumed: bool, woken: bool = False, model: str = ""
 ) -> Outcome:
     """Execute (or, after a takeover, resume) the run; never raises but
     CancelledError (ownership lost). `woken`: a parked run resumed for its
-    decision."""
+    decision. `model`: the model run_start names when the run asks for none
+    (the built-in agent's default)."""
     run_id = ctx.run.run_id
     journal: Journal | None = None
     try:
         try:
-            ctx.start_clock(0.0)
             journal = await Journal.load(ctx)
+            ctx.start_clock(journal.used_s())
             if ctx.writer.last_seq == 0:
                 await ctx.append(
                     events.RunStart(
                         trace_id=secrets.token_hex(16),
-                        model=ctx.run.model,
+                        model=ctx.run.model or model,
                         started_by=ctx.run.started_by,
                         input=ctx.run.input,
                     )
                 )
+                _observe_first_event(ctx)
             elif resumed:
-                await journal.prepare(announce=not woken)
+                try:
+                    await journal.prepare(announce=not woken)
+                except RunFailure:
+                    ctx.on_resume("failed")
+                    raise
+                ctx.on_resume("resumed")
             # Stopped before it began (a queued run cancelled): the agent is never called.
             ctx.check_halt()
             await _race(ctx, journal, agent(AgentContext(journal, resumed=resumed)))
@@ -64,10 +71,14 @@ async def run_agent(
             await ending.end(ctx, last, waiting=_waiting(journal))
             return "completed"
         except Stopped:
-            step = journal.idx if journal is not None else 0
+            step, side_effects = 0, []
+            if journal is not None:
+                step = journal.idx if journal.turns is None else journal.turns
+                side_effects = list(journal.side_effects)
             await ending.end_aborted(
-                ctx, _usage(journal), step=step, side_effects=[], waiting=_waiting(journal)
-            )
+                ctx, _usage(journal), step=step, side_effects=side_effects,
+                waiting=_waiting(journal),
+            )  # fmt: skip
             return "aborted"
         except RunFailure as f:
             await ending.end_failed(ctx, f, _usage(journal), waiting=_waiting(journal))
@@ -88,22 +99,12 @@ async def _race(ctx: RunContext, journal: Journal, coro: Awaitable[None]) -> Non
     task = asyncio.ensure_future(coro)
     halt = asyncio.ensure_future(ctx.signals.halt.wait())
     ours = False  # we cancelled the task
+    out_of_time = False
     try:
         while True:
-            journal.clock_changed.clear()
-            clock = asyncio.ensure_future(journal.clock_changed.wait())
-            remaining = None if ctx.clock_paused else ctx.remaining_s()
-            try:
-                done, _ = await asyncio.wait(
-                    {task, halt, clock},
-                    timeout=max(0.0, remaining) if remaining is not None else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                clock.cancel()
-            if task in done:
-                break
-            if halt in done or not done:  # stopped, drain deadline, or out of time
+            # Stopped or past the drain deadline (unless a step that must not
+            # be cut short runs: the halt waits for it), or out of time.
+            if (halt.done() and not journal.uncancellable) or out_of_time:
                 ours = True
                 task.cancel()
                 await asyncio.wait({task}, timeout=ctx.settings.agent_stop_grace_s)
@@ -113,6 +114,26 @@ async def _race(ctx: RunContext, journal: Journal, coro: Awaitable[None]) -> Non
                     ctx.check_halt()
                     raise RunFailure("run_timeout")
                 break
+            journal.clock_changed.clear()
+            clock = asyncio.ensure_future(journal.clock_changed.wait())
+            remaining = None if ctx.clock_paused else ctx.remaining_s()
+            try:
+                done, _ = await asyncio.wait(
+                    {task, clock} if halt.done() else {task, halt, clock},
+                    timeout=max(0.0, remaining) if remaining is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                clock.cancel()
+            if task in done:
+                break
+            out_of_time = not done
+    except asyncio.CancelledError:
+        # We are cancelled (ownership lost, the worker closing): the agent
+        # must not go on without us — it might act (a tool, a model call)
+        # for a run that is not ours any more.
+        task.cancel()
+        raise
     finally:
         halt.cancel()
     if task.done() and not task.cancelled():
@@ -129,8 +150,30 @@ async def _race(ctx: RunContext, journal: Journal, coro: Awaitable[None]) -> Non
         return
     if isinstance(e, AgentError):
         raise RunFailure(e.code, e.message or e.code, retryable=e.retryable)
+    if isinstance(e, RunFailure):  # the built-in agent's own codes (loop.py)
+        raise e
     log.error("run %s: the agent raised", ctx.run.run_id, exc_info=e)
     raise RunFailure("agent_error", f"the agent raised {type(e).__name__}")
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _observe_first_event(ctx: RunContext) -> None:
+    """Time from the run's creation to its first event's commit (in the
+    background: the run does not wait for it)."""
+
+    async def observe() -> None:
+        try:
+            await ctx.writer.flush()
+        except errors.RunlogError:
+            return
+        created_ms = ctx.run.created_at_ms
+        ctx.metrics.time_to_first_event.observe(max(0.0, (ctx.now_ms() - created_ms) / 1000))
+
+    task = asyncio.create_task(observe())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 def _waiting(journal: Journal | None) -> bool:
@@ -142,7 +185,7 @@ def _usage(journal: Journal | None) -> events.Usage:
     return events.Usage(input_tokens=u[0], output_tokens=u[1], reasoning_tokens=u[2])
 
 
-# -- registration and takeover
+# -- registration
 
 
 def load_agent(path: str) -> Agent:
@@ -163,16 +206,3 @@ def load_agent(path: str) -> Agent:
     if not callable(value):
         raise errors.BadAgent(f"agent {path!r} is a {type(value).__name__}, not a callable")
     return value
-
-
-async def plan_agent_takeover(store: Store, own: Ownership) -> TakeoverPlan:
-    """A run of an API agent taken over: stopped → ended aborted here; an
-    empty log → executed from the start; else resumed by replay (which fails
-    it itself if its tail cannot be retracted: `Journal.prepare`)."""
-    stop = await store.interrupt_request(own.run_id)
-    if stop is not None:
-        return TakeoverPlan("aborted", False, None, stop, None)
-    if own.last_seq == 0:  # died before run_start: again, a few times
-        ok = own.epoch <= MAX_RESTART_EPOCH
-        return TakeoverPlan("restarted" if ok else "failed", ok, None, None, None)
-    return TakeoverPlan("resumed", True, None, None, None)

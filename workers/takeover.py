@@ -1,21 +1,19 @@
-"""What a worker does with a run it took over (its owner's lease ran out).
+"""What a worker does with a run it took over: its owner's lease ran out,
+its process died (`liveness.py`), or it was parked on an approval and is
+woken (`worker.py`).
 
 The new owner holds a higher epoch, so the old one, if it is still alive
 (paused, partitioned), can append nothing more. Then, in this order:
 
 | the run | outcome |
 |---|---|
+| a stop was requested | `aborted` here: `interrupt_requested` + `run_end` aborted, with the audit |
 | nothing in its log yet (the owner died before `run_start` committed), at most two restarts | `restarted`: executed from the start |
-| checkpointed while waiting for an approval, and the log after the checkpoint holds only that approval's events | `resumed`: waits for (or finds) the decision, then goes on |
-| a stop was requested | `aborted`: `interrupt_requested` + `run_end` aborted, with the audit |
-| the log after its checkpoint (or after `run_start`, with none) can be retracted, and fewer than `agent_max_resumes` takeovers since that checkpoint | `resumed`: the tail retracted, then on from the checkpoint (`agent.py`) — or `failed` with `tool_interrupted` if a tool that is not retryable had started |
-| anything else (a `tool_result` after the checkpoint, too many resumes, an unreadable checkpoint) | `failed`: `run_error` worker_lost (retryable) + `run_end` failed |
+| a not-retryable step or tool call was running | `failed`: executed, and its replay fails it at once (`step_interrupted`, or `tool_interrupted` with the card's `tool_result` error) |
+| anything else | `resumed`: the agent (built-in or yours) replays to its last durable point and goes on (`durable.py`), or the replay fails the run when it cannot (a tail it cannot retract, too many takeovers without progress, a replay that differs) |
 
-The tail (`resume.py`) is the dead owner's work in flight: text of a model
-turn it was streaming (`message_reset`), tool cards it opened (`tool_result`
-skipped). A `tool_result` there means a tool ran whose result the checkpoint
-does not hold (the owner died between the two writes): it must not run
-again and cannot be fed to the model, hence `failed`.
+Every agent is resumed the same way (one engine): the built-in loop is an
+agent on `workers.api` (`loop.py`).
 """
 
 from __future__ import annotations
@@ -24,15 +22,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from broker import approvals, errors, events
+from broker import approvals, events, steps
 from broker.log import RunWriter
 from broker.store import Ownership, Store
 
 from .errors import RunFailure
 from .metrics import WorkerMetrics
-from .resume import read_tail, unretractable
-from .signals import DecisionInfo
-from .state import AgentState, ResumePoint, decode_state, encode_state
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +36,10 @@ log = logging.getLogger(__name__)
 MAX_RESTART_EPOCH = 3
 
 
-# After the checkpoint: approval_required, approval_decided and a few
-# `status` events (one per resume) at most.
-_MAX_TAIL = 16
-
-
 class TakeoverPlan(NamedTuple):
     outcome: str  # resumed | restarted | aborted | failed
-    run: bool  # execute it (from `state`, or from the start if None)
-    state: AgentState | None
+    run: bool  # execute it (resumed: by replay; restarted: from the start)
     stop: tuple[str, int, str] | None
-    resume: ResumePoint | None
     reason: str = ""  # failed: why it cannot be resumed (its run_error says it)
 
     async def end(
@@ -60,7 +48,12 @@ class TakeoverPlan(NamedTuple):
         writer: RunWriter,
         metrics: WorkerMetrics,
         side_effect_tools: frozenset[str] = frozenset(),
+        *,
+        turn_step: str = "",
     ) -> None:
+        """End the run here (aborted, or failed worker_lost). `turn_step`: the
+        stop audit's `step` counts the durable steps of that name (the
+        built-in agent's model turns); "": every durable operation."""
         # Fenced by our epoch: if yet another worker took the run meanwhile,
         # StaleEpoch, and its approvals are left to it.
         undecided = {
@@ -80,17 +73,19 @@ class TakeoverPlan(NamedTuple):
             )
         if self.stop is not None:
             by, at_ms, reason = self.stop
-            at_seq = writer.last_seq
-            # From the log, not the checkpoint: tools may have run after the
-            # last checkpoint, and the audit must name every side effect.
+            # From the log (with the results just given: those calls never
+            # ran): the audit must name every side effect.
+            at_seq = await writer.flush()
             done = await _side_effects_in_log(store, writer.run_id, side_effect_tools)
+            records = await steps.load(store.pool, writer.run_id)
+            step = sum(r.name == turn_step for r in records) if turn_step else len(records)
             await writer.append(events.InterruptRequested(requested_by=by, reason=reason))
             audit = events.StopAudit(
                 requested_by=by,
                 requested_at=at_ms,
                 reason=reason,
                 at_seq=at_seq,
-                step=self.state.step if self.state else 0,
+                step=step,
                 side_effects=done,
             )
             await writer.append(events.RunEnd(status="aborted", stop=audit))
@@ -105,90 +100,25 @@ class TakeoverPlan(NamedTuple):
         await writer.flush()
 
 
-async def plan_takeover(store: Store, own: Ownership, *, max_resumes: int = 3) -> TakeoverPlan:
-    """`max_resumes`: setting `agent_max_resumes`."""
+async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
+    """Stopped → ended aborted here; an empty log → executed from the start
+    (a few times); else resumed by replay (which fails it itself if it
+    cannot be resumed: `Journal.prepare`)."""
     stop = await store.interrupt_request(own.run_id)
-    raw = await store.load_checkpoint(own.run_id)
-    state = decode_state(raw) if raw else None
-    info = await store.get_run(own.run_id)
-    if own.last_seq == 0 and own.epoch <= MAX_RESTART_EPOCH:
-        return TakeoverPlan("restarted", True, None, stop, None)
-    if (
-        state is not None
-        and info.status == "waiting_approval"
-        and state.approval_id
-        and state.pending
-        and (resume := await _approval_tail(store, own, state)) is not None
-    ):
-        return TakeoverPlan("resumed", True, state, stop, resume)
-    if stop:
-        return TakeoverPlan("aborted", False, state, stop, None)
-    if own.last_seq == 0:
+    if stop is not None:
+        return TakeoverPlan("aborted", False, stop)
+    if own.last_seq == 0:  # died before run_start: again, a few times
+        if own.epoch <= MAX_RESTART_EPOCH:
+            return TakeoverPlan("restarted", True, None)
         why = "nothing logged, and restarted too often"
-    elif raw and state is None:
-        why = "its checkpoint cannot be read"
-    else:
-        plan = await _resume_plan(store, own, state, max_resumes)
-        if isinstance(plan, TakeoverPlan):
-            return plan
-        why = plan
-    log.warning("run %s: cannot be resumed (%s)", own.run_id, why)
-    return TakeoverPlan("failed", False, state, stop, None, why)
-
-
-async def _resume_plan(
-    store: Store, own: Ownership, state: AgentState | None, max_resumes: int
-) -> TakeoverPlan | str:
-    """Resume from the checkpoint (`state`, or none: from `run_start`) if the
-    tail after it can be retracted, counting the resume in the checkpoint;
-    else why not."""
-    if state is None:
-        head = await store.run_page(own.run_id, 0, 1)
-        start = events.decode_stored(head[0].payload) if head else None
-        if not isinstance(start, events.RunStart):
-            return "its log does not begin with run_start"
-        state = AgentState(at_seq=start.seq, trace_id=start.trace_id)
-    if state.approval_id:
-        # A run checkpointed waiting: only the approval rule may resume it;
-        # a tail other than that approval's events is no state of ours.
-        return "an approval wait with other events after it"
-    if own.last_seq < state.at_seq:
-        return f"its log ends at seq {own.last_seq}, before its checkpoint"
-    if state.resumes >= max_resumes:
-        return f"{state.resumes} takeovers since its last checkpoint"
-    tail = await read_tail(store, own.run_id, state.at_seq)
-    if (why := unretractable(tail)) is not None:
-        return why
-    state.resumes += 1
-    if not await store.save_checkpoint(own.run_id, own.epoch, encode_state(state), "running"):
-        raise errors.StaleEpoch(f"run {own.run_id}: taken over again meanwhile")
-    # A tool that must not run twice had started: the resumed run fails it
-    # (tool_interrupted), after retracting the tail like any resumed run.
-    outcome = "failed" if state.started else "resumed"
-    return TakeoverPlan(outcome, True, state, None, ResumePoint(False, None, tuple(tail)))
-
-
-async def _approval_tail(store: Store, own: Ownership, state: AgentState) -> ResumePoint | None:
-    """What of the approval made it into the log after the checkpoint; None
-    if anything else happened there (then the run cannot be resumed)."""
-    if own.last_seq < state.at_seq:
-        return None
-    tail = await store.run_page(own.run_id, state.at_seq, _MAX_TAIL + 1)
-    if len(tail) > _MAX_TAIL or len(tail) != own.last_seq - state.at_seq:
-        return None
-    requested = False
-    decided: DecisionInfo | None = None
-    for item in tail:
-        ev = events.decode_stored(item.payload)
-        if isinstance(ev, events.ApprovalRequired) and ev.approval_id == state.approval_id:
-            requested = True
-        elif isinstance(ev, events.ApprovalDecided) and ev.approval_id == state.approval_id:
-            decided = DecisionInfo(ev.decision, ev.decided_by, ev.comment)
-        elif not isinstance(ev, events.Status):
-            return None
-    if decided is not None and not requested:
-        return None
-    return ResumePoint(requested, decided)
+        log.warning("run %s: cannot be resumed (%s)", own.run_id, why)
+        return TakeoverPlan("failed", False, None, why)
+    records = await steps.load(store.pool, own.run_id)
+    if records and records[-1].kind == "step" and not records[-1].done:
+        # A not-retryable step (or tool) was running: the replay fails the
+        # run (`Journal.prepare`), after giving its card a result.
+        return TakeoverPlan("failed", True, None)
+    return TakeoverPlan("resumed", True, None)
 
 
 async def _tool_events(

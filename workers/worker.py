@@ -66,17 +66,16 @@ from broker.settings import Settings
 from broker.store import TRANSIENT_DB_ERRORS, Ownership, RunInfo
 
 from .adapters.factory import close_adapter, make_adapter, model_name
-from .agent import Agent, Outcome
 from .api import Agent as AgentFn
 from .context import RunContext
 from .follower import ControlFollower
 from .lease import keep_lease
 from .liveness import Liveness
+from .loop import MODEL_STEP, BuiltinAgent
 from .metrics import WorkerMetrics
 from .model import ModelAdapter
-from .runner import load_agent, plan_agent_takeover, run_agent
+from .runner import Outcome, load_agent, run_agent
 from .signals import RunSignals
-from .state import AgentState, ResumePoint
 from .takeover import plan_takeover
 from .tools import ToolRegistry, load_tools
 
@@ -114,8 +113,10 @@ class Worker:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._adapter = adapter
         self._tools = tools
-        # An agent written against workers.api (setting `agent`); None: the built-in loop.
+        # An agent written against workers.api (setting `agent`); none: the
+        # built-in one (`loop.py`), made at start.
         self._agent = agent
+        self._default_model = ""  # run_start's model for runs that ask for none
         self.metrics: WorkerMetrics | None = None
         self._runs: dict[str, _Owned] = {}
         self._slot_freed = asyncio.Event()
@@ -144,6 +145,9 @@ class Worker:
             self._agent = load_agent(self.settings.agent)
         if self._adapter is None:
             self._adapter = make_adapter(self.settings)
+        if self._agent is None:  # the built-in agent: the model adapter and the tools
+            self._default_model = model_name(self._adapter, self.settings)
+            self._agent = BuiltinAgent(self._adapter, self._tools, model_name=self._default_model)
         self.metrics = WorkerMetrics(self.registry, self._tools.names())
         self._storage_trouble_at = time.monotonic()
         await self._liveness.start()  # before any claim: every run we own records its key
@@ -291,7 +295,7 @@ class Worker:
             m.jobs.labels("duplicate").inc()
             return
         m.jobs.labels("started").inc()
-        self._spawn(own, None)
+        self._spawn(own)
 
     async def _take_fairer(self, msg: Msg, run_id: str) -> bool:
         """Fair shares between users: a run whose user has
@@ -320,7 +324,7 @@ class Worker:
             return False  # someone took it meanwhile: this one's turn after all
         m.jobs.labels("yielded").inc()
         m.jobs.labels("started").inc()
-        self._spawn(own, None)
+        self._spawn(own)
         await msg.nak()
         return True
 
@@ -349,17 +353,12 @@ class Worker:
     # -- execution
 
     def _spawn(
-        self,
-        own: Ownership,
-        state: AgentState | None,
-        resume: ResumePoint | None = None,
-        *,
-        resumed: bool = False,
-        woken: bool = False,
+        self, own: Ownership, *, resumed: bool = False, woken: bool = False, counted: bool = False
     ) -> None:
+        """`counted`: a takeover whose outcome the resume tells."""
         signals = RunSignals()
         task = asyncio.create_task(
-            self._execute(own, signals, state, resume, resumed, woken), name=f"run-{own.run_id}"
+            self._execute(own, signals, resumed, woken, counted), name=f"run-{own.run_id}"
         )
         self._runs[own.run_id] = _Owned(own, signals, task)
         assert self.metrics is not None
@@ -369,10 +368,9 @@ class Worker:
         self,
         own: Ownership,
         signals: RunSignals,
-        state: AgentState | None,
-        resume: ResumePoint | None,
         resumed: bool,
         woken: bool,
+        counted: bool,
     ) -> None:
         b = self.broker
         m = self.metrics
@@ -418,13 +416,12 @@ class Worker:
                 metrics=m,
                 registry=self._tools,
             )
-            if self._agent is not None:
-                outcome = await run_agent(ctx, self._agent, resumed=resumed, woken=woken)
-            else:
-                agent = Agent(
-                    ctx, self._adapter, model_name=model_name(self._adapter, self.settings)
-                )
-                outcome = await agent.run(state, resume, woken=woken)
+            if counted:
+                ctx.on_resume = lambda outcome: m.takeovers.labels(outcome).inc()
+            assert self._agent is not None
+            outcome = await run_agent(
+                ctx, self._agent, resumed=resumed, woken=woken, model=self._default_model
+            )
         except asyncio.CancelledError:
             log.info("run %s: cancelled (ownership lost or worker closing)", own.run_id)
         except Exception:
@@ -549,22 +546,24 @@ class Worker:
             else "its owner's process is gone"
         )
         try:
-            if self._agent is not None:
-                plan = await plan_agent_takeover(store, own)
-            else:
-                plan = await plan_takeover(store, own, max_resumes=s.agent_max_resumes)
+            plan = await plan_takeover(store, own)
             log.info("run %s: taken over (%s; %s)", run_id, plan.outcome, why)
             if plan.run:
-                resumed = plan.outcome == "resumed"
-                self._spawn(own, plan.state, plan.resume, resumed=resumed, woken=parked)
+                resumed = plan.outcome != "restarted"  # resumed, or failed by its replay
+                # A resume is counted once its replay knows whether it can go
+                # on (`resumed`) or must end the run (`failed`): run_agent.
+                self._spawn(own, resumed=resumed, woken=parked, counted=resumed and not parked)
             else:
-                await plan.end(store, self.broker.writer(own), m, self._side_effect_tools())
+                turns = MODEL_STEP if isinstance(self._agent, BuiltinAgent) else ""
+                await plan.end(
+                    store, self.broker.writer(own), m, self._side_effect_tools(), turn_step=turns
+                )
         except errors.RunlogError as e:
             # Another worker took it meanwhile, or PostgreSQL is away: the
             # lease we just took runs out and the run is taken over again.
             log.warning("run %s: takeover failed (%s)", run_id, e)
             return
-        if not parked:
+        if not parked and not (plan.run and plan.outcome != "restarted"):
             m.takeovers.labels(plan.outcome).inc()
 
     async def _reap_once(self) -> None:

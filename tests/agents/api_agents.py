@@ -31,6 +31,14 @@ def _count(directory: str, name: str) -> None:
         f.write("x")
 
 
+def _first_time(path: Path) -> bool:
+    """Whether `path` did not exist; it does now."""
+    if path.exists():
+        return False
+    path.write_text("started")
+    return True
+
+
 class Found(msgspec.Struct):
     rows: list[int]
 
@@ -214,3 +222,18 @@ async def reports_inside(ctx: AgentContext) -> None:
 
     await ctx.step("charge", act)
     await ctx.text(ctx.message_id(), "done.")
+
+
+async def timed(ctx: AgentContext) -> None:
+    """Uses 2.5 s of its run time in a step; then, in a second one, hangs the
+    first time (it creates the file named by its input: the test kills its
+    worker there) and takes 1 s the next."""
+    await ctx.step("burn", lambda: asyncio.sleep(2.5))
+
+    async def second() -> None:
+        if _first_time(Path(ctx.input)):
+            await asyncio.sleep(3600)
+        await asyncio.sleep(1.0)
+
+    await ctx.step("second", second)
+    await ctx.text(ctx.message_id(), "done")
