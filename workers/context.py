@@ -27,6 +27,11 @@ from .tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
+# Events that are output a client shows (`produced_output`).
+_OUTPUT = frozenset(
+    {events.TextDelta, events.ReasoningDelta, events.ToolCallStart, events.ToolArgsDelta}
+)
+
 T = TypeVar("T")
 
 
@@ -110,10 +115,7 @@ class RunContext:
     # -- the log
 
     async def append(self, event: events.Event) -> int:
-        if isinstance(
-            event,
-            events.TextDelta | events.ReasoningDelta | events.ToolCallStart | events.ToolArgsDelta,
-        ):
+        if not self.produced_output and type(event) in _OUTPUT:
             self.produced_output = True
         return await self.writer.append(event)
 

@@ -105,7 +105,7 @@ RESULT_STEP = "runlog:tool_result"
 
 
 # Events the agent emits that say something of the moment (never compared).
-_QUIET = (events.Status, events.Progress)
+_QUIET_TYPES = frozenset({events.Status, events.Progress})
 
 _step_decoder = msgspec.json.Decoder(_StepResult)
 _approval_decoder = msgspec.json.Decoder(_ApprovalRow)
@@ -260,25 +260,37 @@ class Journal:
     # -- events
 
     async def emit(self, event: events.Event) -> None:
-        self._check()
+        # Per event of every agent: exact types (events are final structs),
+        # and the append awaited here, not through `_ours` (a coroutine more).
+        if self.fatal is not None:
+            raise self.fatal
         ctx = self.ctx
-        if isinstance(event, events.ToolCallStart):
+        kind = type(event)
+        if kind is events.ToolCallStart:
+            assert isinstance(event, events.ToolCallStart)
             ctx.opened.append(event.tool_call_id)
             self._calls.start(event.tool_call_id, event.tool_name)
-        elif isinstance(event, events.ToolArgsDelta):
+        elif kind is events.ToolArgsDelta:
+            assert isinstance(event, events.ToolArgsDelta)
             self._calls.args(event.tool_call_id, event.partial_json)
-        elif isinstance(event, events.ToolResult):
+        elif kind is events.ToolResult:
+            assert isinstance(event, events.ToolResult)
             ctx.resulted.add(event.tool_call_id)
             if not self._in_step:
                 if self.replaying and self._replay is not None:
                     await self._replay.take(event)  # the same as the log's, or the run fails
                 return await self._result_point(event)
-        if not isinstance(event, _QUIET):
+        if self._logged_result is not None and kind not in _QUIET_TYPES:
             self._check_logged_result(f"a {event.__struct_config__.tag}")
-        if self.replaying:
+        if self.idx < len(self.records):  # replaying
             if self._replay is None or await self._replay.take(event):
                 return  # in the log already
-        await self._ours(ctx.append(event))
+        try:
+            await ctx.append(event)
+        except _OURS as e:
+            if self.fatal is None:
+                self.fatal = e
+            raise
 
     async def _result_point(self, event: events.ToolResult) -> None:
         """A tool_result outside a step: a durable point (see the module doc)."""
@@ -359,7 +371,13 @@ class Journal:
         cancellable: bool = True,
         tool_call_id: str = "",
         type: Any = None,
+        keep: Callable[[Any], bool] | None = None,
     ) -> Any:
+        """`keep` (runlog's own agents only): a step whose value it refuses
+        is not recorded — a replay runs it again, and a takeover retracts
+        what it emitted, as for code between steps. The built-in loop's last
+        model turn (no tool calls: `run_end` follows at once) saves its
+        row's commit so."""
         self._check()
         if self._in_step:
             raise RuntimeError("steps do not nest, and do not run concurrently")
@@ -401,6 +419,8 @@ class Journal:
             if not cancellable:
                 self.uncancellable = False
                 self.clock_changed.set()  # a stop that waited for it goes on
+        if keep is not None and not keep(value):
+            return value
         data = encode_result(value)
         used = tuple(a - b for a, b in zip(self.usage, before, strict=True))
         result = _StepResult(

@@ -3,7 +3,8 @@ on `workers.api` — one engine: the same steps, approvals and replay as any
 agent (`durable.py`), the same ending (`runner.py`).
 
 Contract (what a run's log looks like when a worker runs it):
-- Each model turn is a step (`model`): its items become events as they
+- Each model turn is a step (`model`; the last one, without tool calls, is
+  not recorded: `run_end` follows at once): its items become events as they
   arrive, live, once: text → `text_delta` (one message_id per turn),
   reasoning → `reasoning_delta`, tool calls → `tool_call_start` (with the
   tool's risk level), `tool_args_delta`..., `tool_call_end`. With
@@ -81,6 +82,10 @@ class _ToolDone(msgspec.Struct, kw_only=True):
     raw: str = ""
 
 
+def _has_calls(turn: _TurnDone) -> bool:
+    return bool(turn.calls)
+
+
 class BuiltinAgent:
     """The agent of a deployment without the `agent` setting."""
 
@@ -128,7 +133,11 @@ class _Run:
             if j.turns >= rc.settings.max_steps:
                 raise RunFailure("step_limit")
             j.turns += 1
-            turn = await ctx.step(MODEL_STEP, self._model_turn, type=_TurnDone)
+            # A turn without tool calls is not recorded: run_end follows at
+            # once (a worker lost in between has it made again).
+            turn = await j.step(
+                MODEL_STEP, self._model_turn, retryable=True, type=_TurnDone, keep=_has_calls
+            )
             self.messages.append(
                 Message(role="assistant", content=turn.text, tool_calls=turn.calls)
             )
