@@ -107,11 +107,31 @@ def nats_server_binary() -> Path:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now. Another process may take it before
-    the server binds it; acceptable for a local launcher and tests."""
+    the server binds it; where the server can be given a socket or bind port 0
+    itself, use `bind_free_port` instead."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def bind_free_port(host: str = LOOPBACK, *, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to a free port of `host` the kernel picked, not
+    listening yet; its port is `getsockname()[1]`. Unlike `free_port` the port
+    is held from the start: no other process can bind it before a server
+    listens on this socket (without SO_REUSEADDR, which would let another
+    socket bind it too until one listens). reuse_port: SO_REUSEPORT, so that
+    processes of the same user can bind the port beside it (a gateway group)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:

@@ -129,7 +129,12 @@ class Settings:
 
     # -- gateway
     gateway_host: str = _opt("127.0.0.1", "Address the gateway listens on.")
-    gateway_port: int = _opt(8080, "Port the gateway listens on (`runlog up`: the first gateway).")
+    gateway_port: int = _opt(
+        8080,
+        "Port the gateway listens on (`runlog up`: the first gateway). 0: a free port, bound "
+        "by the gateway itself (by `runlog gateway --processes`, for its processes to share) "
+        "and printed on its `gateway listening on` line.",
+    )
     gateway_processes: int = _opt(
         1,
         "Gateway processes sharing gateway_port (processes): `runlog gateway` starts this many "
@@ -140,8 +145,16 @@ class Settings:
         0,
         "Port of a gateway process's own /metrics, /healthz and /readyz (on gateway_host): "
         "process k (from 0) of a gateway listens on gateway_metrics_port + k, besides the "
-        "shared gateway_port. 0: none for a lone process; free ports, printed, for each of "
-        "gateway_processes > 1.",
+        "shared gateway_port. 0: none for a lone process; for each of gateway_processes > 1, "
+        "a free port, bound by the parent and kept for the process across its restarts "
+        "(gateway_metrics_fd), printed.",
+    )
+    gateway_metrics_fd: int = _opt(
+        -1,
+        "An inherited socket, already bound to gateway_metrics_port, that this gateway "
+        "process serves that port's endpoints on: set by its parent (`runlog gateway "
+        "--processes`, `runlog up`) when it chose the port, so that no other process can take "
+        "it in between. -1: none, the process binds gateway_metrics_port itself.",
     )
     gateway_reuse_port: bool = _opt(
         False,
@@ -330,7 +343,15 @@ class Settings:
     worker_metrics_port: int = _opt(
         0,
         "Port of the worker's /metrics and /healthz endpoint (on gateway_host); 0: a free "
-        "port, printed on the worker's `ready` line (`runlog up` prints each worker's).",
+        "port, printed on the worker's `ready` line (`runlog up` binds one for each worker, "
+        "kept across its restarts (worker_metrics_fd), and prints it).",
+    )
+    worker_metrics_fd: int = _opt(
+        -1,
+        "An inherited socket, already bound to worker_metrics_port, that the worker serves "
+        "/metrics and /healthz on: set by `runlog up` when it chose the port, so that no "
+        "other process can take it in between. -1: none, the worker binds "
+        "worker_metrics_port itself.",
     )
     drain_timeout_s: float = _opt(
         20.0,

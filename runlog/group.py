@@ -8,13 +8,17 @@ process that is gone has no socket, so it gets none. (Rather than one socket
 held here and accepted from by every child: each wakeup of a child's loop
 accepts all that is queued, so whichever child wakes first takes a whole burst.)
 `public_url` and `gateway_urls` stay the shared port; nothing a client sees
-depends on which process serves it.
+depends on which process serves it. gateway_port 0: this process binds a free
+port with SO_REUSEPORT and holds it (never listening, so no connection comes
+here) for the group's life; the children bind it beside it.
 
 Per process: child k (from 0; named "process k+1") serves its own /metrics,
-/healthz and /readyz on gateway_metrics_port + k, or on a free port picked
-here when that is 0, since a request to the shared port reaches whichever
-process the kernel picked. Prometheus scrapes each one (its `instance` label
-tells them apart); the lines printed at start name every pid and port.
+/healthz and /readyz on gateway_metrics_port + k, since a request to the
+shared port reaches whichever process the kernel picked. When that is 0, on a
+free port bound here and inherited (runlog/supervisor.py's `OwnPort`): no
+other process can take it before the child listens, and a restarted child
+serves on it again. Prometheus scrapes each one (its `instance` label tells
+them apart); the lines printed at start name every pid and port.
 
 Contract:
 
@@ -33,15 +37,16 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 
 from broker import errors
-from broker.embedded import free_port, port_is_free
+from broker.embedded import bind_free_port, port_is_free
 from broker.settings import Settings
 
 from .cli import install_stop_signals
-from .supervisor import ChildSpec, StartFailed, Supervisor, settings_env
+from .supervisor import ChildSpec, OwnPort, StartFailed, Supervisor, settings_env
 
 log = logging.getLogger("runlog.gateway")
 
@@ -51,16 +56,17 @@ _READY_S = 60.0
 _STOP_MARGIN_S = 10.0
 
 
-def metrics_ports(settings: Settings, count: int, first: int = 0) -> list[int]:
+def metrics_ports(
+    settings: Settings, count: int, held: contextlib.ExitStack, first: int = 0
+) -> list[OwnPort]:
     """The own ports of processes first .. first+count-1: gateway_metrics_port + k,
-    or a free port each when it is 0."""
-    if settings.gateway_metrics_port:
-        return [settings.gateway_metrics_port + first + k for k in range(count)]
-    return [free_port() for _ in range(count)]
+    or, when it is 0, a free port each, bound until `held` closes."""
+    base, host = settings.gateway_metrics_port, settings.gateway_host
+    return [OwnPort.of(base + first + k if base else 0, host, held) for k in range(count)]
 
 
 def specs(
-    settings: Settings, env: dict[str, str], *, port: int, metrics: list[int], prefix: str
+    settings: Settings, env: dict[str, str], *, port: int, metrics: list[OwnPort], prefix: str
 ) -> list[ChildSpec]:
     """One child per port of `metrics`, all sharing `port`; named prefix + "1", "2", ..."""
     host = settings.gateway_host
@@ -73,40 +79,60 @@ def specs(
                 "RUNLOG_GATEWAY_PORT": str(port),
                 "RUNLOG_GATEWAY_PROCESSES": "1",  # a child is one process, not a parent
                 "RUNLOG_GATEWAY_REUSE_PORT": "true",
-                "RUNLOG_GATEWAY_METRICS_PORT": str(m),
+                **m.env("gateway_metrics"),
             },
-            port=f"port {port}, metrics port {m}",
-            ready_url=f"http://{host}:{m}/readyz",
+            port=f"port {port}, metrics port {m.port}",
+            ready_url=f"http://{host}:{m.port}/readyz",
+            pass_fds=m.pass_fds,
         )
         for k, m in enumerate(metrics)
     ]
 
 
-def check(settings: Settings, processes: int) -> None:
+def check(processes: int) -> None:
     """InvalidSetting for a group that cannot be formed."""
     if processes < 1:
         raise errors.InvalidSetting("gateway_processes", str(processes), "is not 1 or more")
-    if processes > 1 and not settings.gateway_port:
-        raise errors.InvalidSetting(
-            "gateway_port", "0", "cannot be shared by several processes: give a port"
-        )
+
+
+def shared_port(settings: Settings, held: contextlib.ExitStack) -> int:
+    """gateway_port, once seen free; for 0 a free one bound with SO_REUSEPORT
+    (not listening), held until `held` closes."""
+    host, port = settings.gateway_host, settings.gateway_port
+    if not port:
+        sock = held.enter_context(bind_free_port(host, reuse_port=True))
+        return int(sock.getsockname()[1])
+    # A port another group holds with SO_REUSEPORT would let ours join it: take
+    # it only when it is free (ours set SO_REUSEPORT once they bind).
+    if not port_is_free(port, host):
+        raise errors.PortInUse(port, "gateway", "gateway_port")
+    return port
 
 
 async def run(settings: Settings, processes: int) -> int:
     """Serve until SIGTERM/SIGINT; the exit code (0: every child drained)."""
     from gateway import auth
 
-    check(settings, processes)
+    check(processes)
     auth.check_secret(settings)  # one line here rather than N children failing
-    host, port = settings.gateway_host, settings.gateway_port
-    # A port another group holds with SO_REUSEPORT would let ours join it: take
-    # it only when it is free (ours set SO_REUSEPORT once they bind).
-    if not port_is_free(port, host):
-        raise errors.PortInUse(port, "gateway", "gateway_port")
-    ports = metrics_ports(settings, processes)
+    with contextlib.ExitStack() as held:  # the ports bound here, until every child is gone
+        port = shared_port(settings, held)
+        ports = metrics_ports(settings, processes, held)
+        _check_given(ports, port, settings.gateway_host)
+        return await _supervise(settings, processes, port, ports)
+
+
+def _check_given(ports: list[OwnPort], shared: int, host: str) -> None:
+    """PortInUse for a given metrics port that is taken (or is the shared one);
+    those bound here are no one else's."""
     for m in ports:
-        if m == port or not port_is_free(m, host):
-            raise errors.PortInUse(m, "gateway metrics", "gateway_metrics_port")
+        if m.sock is None and (m.port == shared or not port_is_free(m.port, host)):
+            raise errors.PortInUse(m.port, "gateway metrics", "gateway_metrics_port")
+
+
+async def _supervise(settings: Settings, processes: int, port: int, ports: list[OwnPort]) -> int:
+    """Start the children, serve until SIGTERM/SIGINT, stop them; the exit code."""
+    host = settings.gateway_host
     stop = asyncio.Event()
     install_stop_signals(stop)
     supervisor = Supervisor(
@@ -127,7 +153,7 @@ async def run(settings: Settings, processes: int) -> int:
         for k, m in enumerate(ports):
             pid = supervisor.pid(f"process {k + 1}")
             log.info("gateway process %d: pid %d, metrics http://%s:%d/metrics",
-                     k + 1, pid, host, m)  # fmt: skip
+                     k + 1, pid, host, m.port)  # fmt: skip
         await stop.wait()
         log.info("gateway draining: %d processes", processes)
     finally:

@@ -23,6 +23,11 @@ Contract:
   is what the log's guarantees already cover (the next worker takes the runs
   over). Children run in their own session, so a Ctrl-C at the terminal
   reaches `runlog up` alone, which stops them in its own order.
+- A child's own port (`OwnPort`) is either given (the child binds it) or, for
+  port 0, bound here and inherited by the child (`ChildSpec.pass_fds`), which
+  serves on that socket: the port is never free between its choice and the
+  child's listen, where another process could take it, and a restarted child
+  gets the same socket, so it comes back on the same port.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import dataclasses
 import enum
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from broker.embedded import die_with_parent
+from broker.embedded import bind_free_port, die_with_parent
 from broker.settings import Settings
 
 log = logging.getLogger("runlog.up")
@@ -87,6 +93,35 @@ class ChildSpec:
     env: dict[str, str]
     port: str  # for messages: "port 8080", "metrics port 41234"
     ready_url: str
+    pass_fds: tuple[int, ...] = ()  # sockets it inherits, open here for every start
+
+
+@dataclass(frozen=True)
+class OwnPort:
+    """A child's own port (its /metrics, say): given, or bound here (`sock`)."""
+
+    port: int
+    sock: socket.socket | None = None  # inherited by the child, which serves on it
+
+    @classmethod
+    def of(cls, port: int, host: str, held: contextlib.ExitStack) -> OwnPort:
+        """`port`, which the child binds; for 0 a free port of `host` bound now,
+        open until `held` closes (after the child's last exit)."""
+        if port:
+            return cls(port)
+        sock = held.enter_context(bind_free_port(host))
+        return cls(sock.getsockname()[1], sock)
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return () if self.sock is None else (self.sock.fileno(),)
+
+    def env(self, setting: str) -> dict[str, str]:
+        """RUNLOG_<setting>_PORT and _FD for the child ("gateway_metrics":
+        gateway_metrics_port and gateway_metrics_fd; -1: it binds the port)."""
+        name = "RUNLOG_" + setting.upper()
+        fd = -1 if self.sock is None else self.sock.fileno()
+        return {name + "_PORT": str(self.port), name + "_FD": str(fd)}
 
 
 class StartFailed(Exception):
@@ -116,6 +151,7 @@ class _Child:
             sys.executable, "-m", "runlog.cli", *self.spec.args,
             env=self.spec.env,
             stdin=asyncio.subprocess.DEVNULL,
+            pass_fds=self.spec.pass_fds,
             start_new_session=True,
             preexec_fn=die_with_parent(signal.SIGKILL),
         )  # fmt: skip

@@ -8,10 +8,13 @@ listens on gateway_port + k: consecutive ports, so each can be reached,
 killed and drained on its own). With `--gateway-processes P` each gateway is
 P processes sharing its port (SO_REUSEPORT, runlog/group.py), each
 supervised here and serving its own /metrics and /readyz (gateway 1's on
-gateway_metrics_port + k, gateway 2's from + P, ...; free ports when it is 0). Every worker serves /metrics: worker k on
-worker_metrics_port + k, or, when that is 0 (the default), on a free port
-picked here. It prints every URL, each process's pid and port, and a console
-link that signs you in with a short-lived development token.
+gateway_metrics_port + k, gateway 2's from + P, ...; free ports when it is 0).
+Every worker serves /metrics: worker k on worker_metrics_port + k, or, when
+that is 0 (the default), on a free port. A free port is bound here and
+inherited by its process (runlog/supervisor.py's `OwnPort`), so no other
+process takes it first and a restarted process comes back on it. It prints
+every URL, each process's pid and port, and a console link that signs you in
+with a short-lived development token.
 
 Tokens are signed with a random secret kept in the data folder
 (`<data_dir>/jwt_secret`, mode 0600, made by the first `up` and reused by the
@@ -33,18 +36,19 @@ workers and gateways and has PostgreSQL and NATS shut down, and the next
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 
 from broker import errors, migrate
-from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, free_port, port_is_free
+from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, port_is_free
 from broker.runtime import Broker
 from broker.settings import Settings
 
 from . import group, secret
 from .cli import install_stop_signals
-from .supervisor import ChildSpec, StartFailed, Supervisor, settings_env
+from .supervisor import ChildSpec, OwnPort, StartFailed, Supervisor, settings_env
 
 log = logging.getLogger("runlog.up")
 
@@ -54,7 +58,11 @@ _LINK_TTL_S = 12 * 3600.0  # the console link's token (at most jwt_max_ttl_s)
 
 
 async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> None:
-    group.check(settings, settings.gateway_processes)
+    group.check(settings.gateway_processes)
+    if settings.gateway_processes > 1 and not settings.gateway_port:  # P per gateway port
+        raise errors.InvalidSetting(
+            "gateway_port", "0", "cannot be shared by several processes: give a port"
+        )
     check_ports(settings, workers=workers, gateways=gateways)
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -64,6 +72,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
     settings = secret.resolve(settings, create_missing=True)
     servers: list[NatsProcess | PostgresProcess] = []
     supervisor = Supervisor(stop_timeout_s=_CHILD_STOP_S)
+    held = contextlib.ExitStack()  # the ports bound here for the children, until they are gone
     try:
         nats_url, nats_pid = settings.nats_url, None
         if not nats_url:
@@ -85,15 +94,16 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
 
         env = {**os.environ, **settings_env(settings)}
         host = settings.gateway_host
-        worker_ports = _worker_metrics_ports(settings, workers)
-        for i, port in enumerate(worker_ports):
+        worker_ports = _worker_metrics_ports(settings, workers, held)
+        for i, own in enumerate(worker_ports):
             await supervisor.start(
                 ChildSpec(
                     name=f"worker {i + 1}",
                     args=["worker"],
-                    env={**env, "RUNLOG_WORKER_METRICS_PORT": str(port)},
-                    port=f"metrics port {port}",
-                    ready_url=f"http://{host}:{port}/healthz",
+                    env={**env, **own.env("worker_metrics")},
+                    port=f"metrics port {own.port}",
+                    ready_url=f"http://{host}:{own.port}/healthz",
+                    pass_fds=own.pass_fds,
                 )
             )
         urls = [f"http://{host}:{settings.gateway_port + i}" for i in range(gateways)]
@@ -104,7 +114,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         )
         # ...and lists them all: the console may use only listed gateways.
         listed = ",".join(u for u in [*urls, settings.gateway_urls] if u)
-        shared = _gateway_metrics_ports(settings, gateways)
+        shared = _gateway_metrics_ports(settings, gateways, held)
         for i, url in enumerate(urls):
             port = settings.gateway_port + i
             gw_env = {
@@ -145,10 +155,11 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
                                           f" WebSocket {ws}/v1/ws)"))  # fmt: skip
             for k, m in enumerate(shared[i]):
                 name = f"gateway {i + 1}.{k + 1}"
-                _say(_row(name, f"pid {supervisor.pid(name)}  metrics http://{host}:{m}/metrics"))
-        for i, port in enumerate(worker_ports):
+                metrics = f"http://{host}:{m.port}/metrics"
+                _say(_row(name, f"pid {supervisor.pid(name)}  metrics {metrics}"))
+        for i, own in enumerate(worker_ports):
             pid = supervisor.pid(f"worker {i + 1}")
-            _say(_row(f"worker {i + 1}", f"pid {pid}  metrics http://{host}:{port}/metrics"))
+            _say(_row(f"worker {i + 1}", f"pid {pid}  metrics http://{host}:{own.port}/metrics"))
         _say(_row("NATS", _server(nats_url, nats_pid)))
         _say(_row("PostgreSQL", _server(database_url, pg_pid)))
         _say(_row("data folder", str(data_dir)))
@@ -157,6 +168,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         await stop.wait()
     finally:
         await supervisor.stop()
+        held.close()
         for server in reversed(servers):
             try:
                 await server.stop()
@@ -196,20 +208,24 @@ def check_ports(settings: Settings, *, workers: int, gateways: int) -> None:
             raise errors.PortInUse(port, what, setting)
 
 
-def _gateway_metrics_ports(settings: Settings, gateways: int) -> list[list[int]] | None:
+def _gateway_metrics_ports(
+    settings: Settings, gateways: int, held: contextlib.ExitStack
+) -> list[list[OwnPort]] | None:
     """The own ports of gateway i's processes (gateway_metrics_port + i*N + k),
     or None when each gateway is one process without one (its port serves all)."""
     n = settings.gateway_processes
     if n == 1 and not settings.gateway_metrics_port:
         return None
-    return [group.metrics_ports(settings, n, first=i * n) for i in range(gateways)]
+    return [group.metrics_ports(settings, n, held, first=i * n) for i in range(gateways)]
 
 
-def _worker_metrics_ports(settings: Settings, workers: int) -> list[int]:
-    """worker_metrics_port + k for worker k, or a free port each when it is 0."""
-    if settings.worker_metrics_port:
-        return [settings.worker_metrics_port + i for i in range(workers)]
-    return [free_port() for _ in range(workers)]
+def _worker_metrics_ports(
+    settings: Settings, workers: int, held: contextlib.ExitStack
+) -> list[OwnPort]:
+    """worker_metrics_port + k for worker k, or, when it is 0, a free port each,
+    bound until `held` closes."""
+    base, host = settings.worker_metrics_port, settings.gateway_host
+    return [OwnPort.of(base + i if base else 0, host, held) for i in range(workers)]
 
 
 def _say(line: str) -> None:

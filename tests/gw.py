@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from broker import events
-from broker.embedded import free_port
+from broker.embedded import bind_free_port
 from broker.log import RunWriter
 from broker.runtime import Broker
 from broker.settings import Settings
@@ -56,15 +56,21 @@ class RunningGateway:
 async def running_gateway(
     settings: Settings, routes: Iterable[web.AbstractRouteDef] = (), /, **overrides: Any
 ) -> AsyncIterator[RunningGateway]:
-    """A gateway on a free port; `routes`: extra ones, for a test's own handlers."""
-    port = free_port()
-    s = dataclasses.replace(settings, gateway_port=port, **overrides)
-    app = build_app(s)
-    app.add_routes(routes)
-    runner = AppRunner(app, handle_signals=False, shutdown_timeout=5, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
+    """A gateway on a free port; `routes`: extra ones, for a test's own handlers.
+    The port is bound before the app is built (which is told it), and held: no
+    other process can take it in between."""
+    sock = bind_free_port()
+    try:
+        port = sock.getsockname()[1]
+        s = dataclasses.replace(settings, gateway_port=port, **overrides)
+        app = build_app(s)
+        app.add_routes(routes)
+        runner = AppRunner(app, handle_signals=False, shutdown_timeout=5, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()  # from here the server owns it
+    except BaseException:
+        sock.close()
+        raise
     gw = RunningGateway(f"http://127.0.0.1:{port}", s, runner, app)
     try:
         yield gw

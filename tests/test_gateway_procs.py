@@ -3,6 +3,11 @@
 Then a group: `runlog gateway --processes 2`, two processes on one port
 (runlog/group.py). Which process serves a connection is the kernel's pick;
 each process's own metrics port (gateway_metrics_port) tells how many it holds.
+
+No port here is picked free by the test and bound later by the gateway
+(another process may take it in between): the gateways get port 0, bind a
+free port themselves and print it; a group's parent does so for its
+processes' metrics ports, and keeps them while a process is restarted.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import events
+from broker.embedded import port_is_free
 from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import auth
@@ -35,7 +41,7 @@ from .procs import RunlogProcess
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def two_gateways(settings: Settings, tmp_root: Path) -> AsyncIterator[list[RunlogProcess]]:
-    gws = [RunlogProcess("gateway", settings, tmp_root) for _ in range(2)]
+    gws = [RunlogProcess("gateway", settings, tmp_root, RUNLOG_GATEWAY_PORT="0") for _ in range(2)]
     try:
         for g in gws:
             await g.start()
@@ -53,6 +59,20 @@ async def _connect(http: aiohttp.ClientSession, url: str, token: str) -> WsClien
     c = WsClient(ws)
     assert (await c.next_reply())["type"] == "hello"
     return c
+
+
+async def test_a_gateway_on_port_0_serves_the_port_it_printed_and_counts_it_its_own_origin(
+    two_gateways: list[RunlogProcess], settings: Settings
+) -> None:
+    a, _ = two_gateways
+    assert a.port != 0
+    assert f"gateway listening on http://127.0.0.1:{a.port}" in a.log_text()
+    token = auth.mint(settings, "alice")
+    async with aiohttp.ClientSession() as http:
+        # The WebSocket Origin check allows the gateway's own origin: its real port.
+        async with http.ws_connect(a.url.replace("http", "ws") + "/v1/ws", origin=a.url,
+                                   headers={"Authorization": f"Bearer {token}"}) as ws:  # fmt: skip
+            assert (await WsClient(ws).next_reply())["type"] == "hello"
 
 
 async def test_kill_9_gateway_clients_resume_on_the_other(
@@ -129,8 +149,9 @@ class Group:
 
     def __init__(self, settings: Settings, log_dir: Path, processes: int) -> None:
         self.processes = processes
-        # Metrics port 0: the parent picks free ones and prints them.
-        self.proc = RunlogProcess("gateway", settings, log_dir, RUNLOG_GATEWAY_METRICS_PORT="0")
+        # Ports 0: the group binds free ones itself and prints them.
+        self.proc = RunlogProcess("gateway", settings, log_dir, RUNLOG_GATEWAY_PORT="0",
+                                  RUNLOG_GATEWAY_METRICS_PORT="0")  # fmt: skip
         self.metrics_ports: dict[int, int] = {}  # process k (1-based) -> its own port
 
     @property
@@ -139,6 +160,7 @@ class Group:
 
     async def start(self) -> None:
         await self.proc.start("--processes", str(self.processes))
+        await self.proc.wait_port(60)
         await self.wait_line(rf"gateway listening on {self.url}: {self.processes} processes", 60)
         for k in range(1, self.processes + 1):
             m = await self.wait_line(rf"gateway process {k}: pid \d+, metrics http://\S+:(\d+)/")
@@ -192,6 +214,33 @@ async def group(settings: Settings, tmp_root: Path) -> AsyncIterator[Group]:
     finally:
         await g.proc.stop()
         print(g.proc.log_tail())  # shown with a failure
+
+
+@pytest.mark.timeout(120)
+async def test_a_group_on_port_0_shares_the_free_port_it_bound_and_printed(group: Group) -> None:
+    assert group.proc.port != 0
+    assert _listener_pids(group.proc.port) == {group.pid(1), group.pid(2)}
+    assert set(group.metrics_ports.values()).isdisjoint({0, group.proc.port})
+
+
+@pytest.mark.timeout(120)
+async def test_a_restarted_process_of_a_group_gets_its_metrics_port_back_nobody_else(
+    group: Group,
+) -> None:
+    """The port is the group's from its choice on, also while the process is
+    down: a port the parent merely picked free would be anyone's in between."""
+    from .test_up import _listens_on
+
+    port, old = group.metrics_ports[1], psutil.Process(group.pid(1))
+    old.kill()
+    await asyncio.to_thread(old.wait, 10)
+    assert not port_is_free(port), f"process 1's metrics port {port} is free while it restarts"
+    m = await group.wait_line(rf"runlog gateway: process 1 \(pid {old.pid}, .*as pid (\d+)$")
+    assert int(m.group(1)) == group.pid(1) != old.pid
+    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
+        while not await _ready(http, group.metrics_url(1)):
+            await asyncio.sleep(0.1)
+    assert _listens_on(group.pid(1), port)
 
 
 async def _until_spread(g: Group, http: aiohttp.ClientSession, total: int) -> dict[int, int]:
@@ -397,12 +446,13 @@ async def test_a_group_on_a_busy_port_is_one_line_and_exit_2(
 ) -> None:
     """Also when what holds it set SO_REUSEPORT: the group's processes would
     otherwise join it (another group's port) and serve beside it."""
-    g = RunlogProcess("gateway", settings, tmp_root)
     with socket.socket() as holder:
         if shared:
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        holder.bind(("127.0.0.1", g.port))
+        holder.bind(("127.0.0.1", 0))  # the kernel's pick: busy from the start
         holder.listen()
+        busy = str(holder.getsockname()[1])
+        g = RunlogProcess("gateway", settings, tmp_root, RUNLOG_GATEWAY_PORT=busy)
         await g.start("--processes", "2")
         try:
             assert await g.wait(60) == 2

@@ -5,11 +5,14 @@ once it drains, so an orchestrator counts it as ready only in between. It
 listens before the worker starts, so a busy port (`port_in_use`, one line, not
 a traceback) fails the process before it took any job. Port 0 binds a free port
 chosen by the kernel (no race with another process); `bound_port` tells which.
+Given a socket bound already (by the parent, which chose its port), it serves
+on that one.
 """
 
 from __future__ import annotations
 
 import errno
+import socket
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -36,16 +39,20 @@ async def _healthz(request: web.Request) -> web.Response:
     )
 
 
-async def start_http(worker: Worker, host: str, port: int) -> web.AppRunner:
-    """Serve /metrics and /healthz on `host`:`port` (see `bound_port`)."""
+async def start_http(
+    worker: Worker, host: str, port: int, sock: socket.socket | None = None
+) -> web.AppRunner:
+    """Serve /metrics and /healthz on `host`:`port` (see `bound_port`), or on
+    `sock` when given."""
     app = web.Application()
     app[_WORKER] = worker
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
+    site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
     try:
-        await web.TCPSite(runner, host, port).start()
+        await site.start()
     except OSError as e:
         await runner.cleanup()
         if e.errno == errno.EADDRINUSE:

@@ -2,13 +2,15 @@
 
 Every worker serves /metrics and /healthz (workers/http.py): on
 `worker_metrics_port`, or, when that is 0 (the default), on a free port the
-kernel picks, printed on the `ready` line so whoever started it can scrape it.
+kernel picks, printed on the `ready` line so whoever started it can scrape it;
+or on the socket it inherited as `worker_metrics_fd` (`runlog up` bound it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -35,7 +37,9 @@ async def serve(settings: Settings, stop: asyncio.Event, *, concurrency: int | N
     worker = Worker(broker, settings, concurrency=concurrency, registry=registry)
     runner: web.AppRunner | None = None
     try:
-        runner = await start_http(worker, settings.gateway_host, settings.worker_metrics_port)
+        fd = settings.worker_metrics_fd
+        sock = socket.socket(fileno=fd) if fd >= 0 else None
+        runner = await start_http(worker, settings.gateway_host, settings.worker_metrics_port, sock)
         await worker.start()
         url = f"http://{settings.gateway_host}:{bound_port(runner)}/metrics"
         print(f"runlog worker {worker.worker_id} ready; metrics {url}", flush=True)
