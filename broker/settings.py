@@ -433,14 +433,15 @@ class Settings:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("settings (also RUNLOG_<NAME> environment variables)")
+        """Every setting as a flag of `parser`, left out of its --help (which
+        lists the command's own options and points to `runlog settings`)."""
         for f in dataclasses.fields(cls):
-            group.add_argument(
+            parser.add_argument(
                 "--" + f.name.replace("_", "-"),
                 dest=f"setting_{f.name}",
                 default=None,
                 metavar=f.name.upper(),
-                help=f"{f.metadata['doc']} Default: {f.default}.",
+                help=argparse.SUPPRESS,
             )
 
     @classmethod

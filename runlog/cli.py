@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from broker import errors, migrate
 from broker.settings import Settings
@@ -31,11 +34,19 @@ from . import logformat
 log = logging.getLogger("runlog")
 
 
+# Under each command's --help: its options are its own; the settings are flags too.
+_SETTINGS_EPILOG = (
+    "Every setting is also a flag (--name-with-dashes VALUE) and a RUNLOG_<NAME> "
+    "environment variable: `runlog settings` lists them with their defaults."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="runlog", description="Durable event log for AI agent runs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    command = functools.partial(sub.add_parser, epilog=_SETTINGS_EPILOG)
 
-    up = sub.add_parser("up", help="run the embedded stack (NATS, PostgreSQL, worker, gateway)")
+    up = command("up", help="run the embedded stack (NATS, PostgreSQL, worker, gateway)")
     up.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     up.add_argument(
         "--gateways", type=int, default=1,
@@ -43,23 +54,23 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     Settings.add_arguments(up)
 
-    mig = sub.add_parser("migrate", help="apply pending migrations")
+    mig = command("migrate", help="apply pending migrations")
     Settings.add_arguments(mig)
 
-    gw = sub.add_parser("gateway", help="run a gateway (REST, SSE, WebSocket)")
+    gw = command("gateway", help="run a gateway (REST, SSE, WebSocket)")
     gw.add_argument(
         "--processes", type=int, default=None,
         help="gateway processes sharing gateway_port, supervised by this one (gateway_processes)",
     )  # fmt: skip
     Settings.add_arguments(gw)
 
-    wk = sub.add_parser("worker", help="run a worker (executes runs; SIGTERM drains it)")
+    wk = command("worker", help="run a worker (executes runs; SIGTERM drains it)")
     wk.add_argument(
         "--concurrency", type=int, default=None, help="most runs at once (worker_concurrency)"
     )
     Settings.add_arguments(wk)
 
-    tok = sub.add_parser(
+    tok = command(
         "token",
         help="mint a bearer token (jwt_secret, else the secret `runlog up` keeps in --data-dir)",
     )
@@ -67,13 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--ttl-s", type=float, default=None, help="lifetime in seconds")
     Settings.add_arguments(tok)
 
-    rv = sub.add_parser(
-        "revoke", help="revoke every token of a user issued so far; its connections end"
-    )
+    rv = command("revoke", help="revoke every token of a user issued so far; its connections end")
     rv.add_argument("--user", required=True, help="the user id (the tokens' subject)")
     Settings.add_arguments(rv)
 
-    tail = sub.add_parser("tail", help="print a run's events live, readably")
+    tail = command("tail", help="print a run's events live, readably")
     tail.add_argument("run_id")
     tail.add_argument("--after", type=int, default=0, help="start after this seq (default 0)")
     tail.add_argument(
@@ -88,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     Settings.add_arguments(tail)
 
-    pr = sub.add_parser(
+    pr = command(
         "prune", help="delete ended runs older than a cutoff, with their events and approvals"
     )
     pr.add_argument(
@@ -102,12 +111,22 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     Settings.add_arguments(pr)
 
-    st = sub.add_parser("settings", help="print every setting (variable, flag, default)")
+    st = command("settings", help="print every setting (variable, flag, default)")
     st.add_argument("--markdown", action="store_true", help="as the table of docs/configuration.md")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`runlog settings | head`): end quietly, as a
+        # shell reports SIGPIPE; stdout's last flush at exit must not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
+
+
+def _main(argv: list[str] | None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "settings":
         if args.markdown:
@@ -150,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             urls = args.url or [
                 settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
             ]
-            asyncio.run(tail_mod.tail(urls, token, args.run_id, args.after))
+            _tail(tail_mod.tail(urls, token, args.run_id, args.after))
         elif args.command == "prune":
             asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))
         elif args.command == "token":
@@ -177,6 +196,20 @@ def main(argv: list[str] | None = None) -> None:
         # JSON line with log_format=json), not Python's bare dump on stderr.
         log.exception("runlog %s failed", args.command)
         sys.exit(1)
+
+
+def _tail(follow: Coroutine[Any, Any, None]) -> None:
+    """A refusal or an unreachable gateway: one line and exit code 2."""
+    from .client import ClientError
+
+    try:
+        asyncio.run(follow)
+    except ClientError as e:
+        print(f"runlog: error [{e.code}]: {e.body.get('message', '')}", file=sys.stderr)
+        sys.exit(2)
+    except ConnectionError as e:
+        print(f"runlog: error [unreachable]: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 async def _migrate(settings: Settings) -> None:

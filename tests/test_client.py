@@ -132,3 +132,23 @@ async def test_follow_gives_up_after_max_reconnects_in_a_row() -> None:
             async for _ in c.follow(run_id="r_x"):
                 pass
         assert c.reconnect_reasons == {"ClientConnectorError": 3}
+
+
+async def test_runlog_tail_of_an_unknown_run_says_so_in_one_line(
+    gw: RunningGateway, settings: Settings, tmp_root: Path
+) -> None:
+    env = {**os.environ, "RUNLOG_JWT_SECRET": settings.jwt_secret,
+           "RUNLOG_DATA_DIR": str(tmp_root / "no-up-here")}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlog.cli", "tail", "r_unknown", "--url", gw.url,
+        "--user", "alice",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2, err.decode()
+    assert out == b""
+    # One line says why (after the note on the development secret --user signs with).
+    errors = [line for line in err.decode().splitlines() if not line.startswith("runlog: note:")]
+    assert errors == [
+        "runlog: error [not_a_member]: run 'r_unknown' is not in any session of yours"
+    ]
