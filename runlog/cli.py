@@ -137,6 +137,10 @@ def _main(argv: list[str] | None) -> None:
             _print_settings()
         return
     settings = Settings.from_args(args)
+    if args.command in ("migrate", "revoke", "tail", "prune"):
+        from . import stack
+
+        settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
     if args.command in ("up", "worker") and settings.agent:
         sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
     logged = False  # whether errors go through the configured log (json) or print
@@ -166,9 +170,9 @@ def _main(argv: list[str] | None) -> None:
                 token = _mint(settings, args.user, None)
             if not token:
                 raise errors.Unauthorized("give --token, $RUNLOG_TOKEN or --user")
-            urls = args.url or [
-                settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
-            ]
+            from . import stack
+
+            urls = args.url or stack.gateway_urls(settings)
             _tail(tail_mod.tail(urls, token, args.run_id, args.after))
         elif args.command == "prune":
             asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))

@@ -46,7 +46,7 @@ from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, port_is_free
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import group, secret
+from . import group, secret, stack
 from .cli import install_stop_signals
 from .supervisor import ChildSpec, OwnPort, StartFailed, Supervisor, settings_env
 
@@ -142,6 +142,12 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
         link_ttl_s = min(_LINK_TTL_S, settings.jwt_max_ttl_s)
         token = auth.mint(settings, "you", ttl_s=link_ttl_s)
         failover = f"&gateways={','.join(urls)}" if len(urls) > 1 else ""
+        stack.write(
+            data_dir,
+            stack.Running(
+                pid=os.getpid(), nats_url=nats_url, database_url=database_url, gateway_urls=urls
+            ),
+        )
         _say("runlog is up")
         _say(_row("console", f"{urls[0]}/#token={token}{failover}"))
         for i, u in enumerate(urls):
@@ -167,6 +173,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
              " that dies is restarted; Ctrl-C stops everything.")  # fmt: skip
         await stop.wait()
     finally:
+        stack.remove(data_dir)
         await supervisor.stop()
         held.close()
         for server in reversed(servers):

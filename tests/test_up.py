@@ -496,6 +496,29 @@ async def test_up_signs_with_a_random_secret_kept_in_its_data_folder(up: Up) -> 
 
 
 @pytest.mark.timeout(300)
+async def _runlog(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlog.cli", *args,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_commands_that_need_the_stack_find_it_by_runlog_ups_data_folder(up: Up) -> None:
+    """No URL given, only the data folder (as `runlog token` takes it): revoke
+    reaches its PostgreSQL and NATS, tail its first gateway."""
+    env = _clean_env(RUNLOG_DATA_DIR=str(up.data_dir))
+    code, out, err = await _runlog(env, "revoke", "--user", "nobody-here")
+    assert code == 0, err
+    assert out.startswith("revoked: tokens of user 'nobody-here'"), out
+    assert err == ""  # the gateways were told at once, over its NATS
+    code, _, err = await _runlog(env, "tail", "r_unknown", "--user", "alice")
+    assert code == 2
+    assert err.splitlines()[-1].startswith("runlog: error [not_a_member]"), err
+
+
 async def test_a_second_up_on_the_same_folder_reuses_its_secret(up: Up) -> None:
     secret = up.secret_path.read_text()
     old_console = await up.console_token()
