@@ -24,6 +24,15 @@ import msgspec
 # itself) keeps the schema and the error message readable.
 NO_NUL = r"^[^\x00]*$"
 
+# How msgspec names the pattern in a ValidationError, and what we say instead.
+_NUL_RULE = f"matching regex {NO_NUL!r}"
+
+
+def describe(e: msgspec.ValidationError) -> str:
+    """A validation error in words a client can show (never the regex)."""
+    return str(e).replace(_NUL_RULE, "without NUL characters")
+
+
 Text = Annotated[str, msgspec.Meta(max_length=4000, pattern=NO_NUL)]
 LongText = Annotated[str, msgspec.Meta(max_length=32000, pattern=NO_NUL)]
 ShortText = Annotated[str, msgspec.Meta(max_length=200, pattern=NO_NUL)]

@@ -104,7 +104,7 @@ def decode(data: str | bytes, *, max_bytes: int) -> ClientMessage:
         tag = peek(data)[0]
         if tag not in CLIENT_TYPES:
             raise UnknownMessageType(f"unknown message type {tag!r}") from e
-        raise InvalidMessage(str(e)) from e
+        raise InvalidMessage(inputs.describe(e)) from e
     except msgspec.DecodeError as e:
         raise InvalidMessage("malformed JSON") from e
 

@@ -98,7 +98,7 @@ async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:
     try:
         return msgspec.json.decode(data, type=typ)
     except msgspec.ValidationError as e:
-        raise InvalidRequest(str(e)) from e
+        raise InvalidRequest(inputs.describe(e)) from e
     except msgspec.DecodeError as e:
         raise InvalidRequest("malformed JSON body") from e
 

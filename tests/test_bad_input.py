@@ -122,6 +122,7 @@ class Row:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
     user: str | None = "alice"  # whose token; None: the headers carry their own
     mentions: str = ""  # the error message names this (the field at fault)
+    says: str = ""  # ... and says this of it
     reads: bytes | None = None  # the answer needs a read: of valid ids, never of this
 
 
@@ -236,9 +237,11 @@ def _text_rows() -> list[Row]:
         ("PATCH", "/v1/sessions/{sid}", {"title": "a" + NUL + "b"}, "title"),
         ("PATCH", "/v1/sessions/{sid}", {"run_policy": "reject" + NUL}, "run_policy"),
     ]  # fmt: skip
+    enums = {"role", "decision", "run_policy"}
     for method, path, body, field in bodies:
+        says = "Invalid enum value" if field in enums else "without NUL characters"
         rows.append(Row(f"{path} NUL in {field}", method, path, 400, "invalid_request",
-                        body=_j(body), mentions=field))  # fmt: skip
+                        body=_j(body), mentions=field, says=says))  # fmt: skip
     odd_users = {
         "rlo": "\u202eevil",
         "lri": "a\u2066b",
@@ -488,7 +491,11 @@ async def test_bad_http_input(world: World, http: aiohttp.ClientSession, row: Ro
         got = (status, json.loads(raw)["error"]["code"])
     assert got == (row.status, row.code), raw[:300]
     if row.mentions:
-        assert row.mentions in json.loads(raw)["error"]["message"]
+        message = json.loads(raw)["error"]["message"]
+        assert row.mentions in message
+        # Said in words a client can show, never as the schema's regex.
+        assert "regex" not in message, message
+        assert row.says in message, message
     assert await _counts(world.db) == before, "the request changed the database"
     if row.reads is None:
         assert sent == b"", f"PostgreSQL was asked: {sent[:200]!r}"

@@ -98,7 +98,7 @@ def _decode(data: bytes, typ: type[Any], what: str) -> Any:
     try:
         return msgspec.json.decode(data or b"{}", type=typ)
     except msgspec.ValidationError as e:
-        raise InvalidRequest(f"{what}: {e}") from e
+        raise InvalidRequest(f"{what}: {inputs.describe(e)}") from e
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"{what}: malformed JSON") from e
 
@@ -154,7 +154,7 @@ def _decision(value: object) -> tuple[str, str]:
     try:
         d = msgspec.convert(value, _Decision)
     except msgspec.ValidationError as e:
-        raise InvalidRequest(f"command.resume: {e}") from e
+        raise InvalidRequest(f"command.resume: {inputs.describe(e)}") from e
     if d.decision not in ("approve", "reject"):
         raise InvalidRequest(
             f"command.resume: decision {d.decision[:40]!r} is not approve or reject"
