@@ -21,7 +21,12 @@ from .context import GATEWAY, json_response
 
 log = logging.getLogger("gateway.app")
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_HTTP_CODES = {
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
 
 
 def answer(request: web.Request, exc: Exception) -> web.Response:

@@ -120,6 +120,18 @@ async def test_405_names_the_allowed_methods(
                 assert (err["code"], err["retryable"]) == ("method_not_allowed", False)
 
 
+async def test_a_static_folder_is_refused_with_the_code_of_its_status(
+    settings: Settings, http: aiohttp.ClientSession
+) -> None:
+    """aiohttp's own refusal of a folder under /static/ (no listing) is a
+    403: its code says forbidden, as the status does."""
+    async with running_gateway(settings) as gw:
+        for path in ("/static/", "/static"):
+            async with http.get(gw.url + path, allow_redirects=False) as r:
+                err = (await r.json())["error"]
+                assert (r.status, err["code"], err["retryable"]) == (403, "forbidden", False), path
+
+
 async def test_no_response_names_server_versions(
     settings: Settings, http: aiohttp.ClientSession
 ) -> None:
