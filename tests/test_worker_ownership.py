@@ -21,6 +21,7 @@ from .workerkit import (
     IN_SLOT,
     TOOL_LOG_ENV,
     WorkerProcess,
+    killed_while_waiting,
     of,
     read_run,
     running_worker,
@@ -39,14 +40,7 @@ _DOOMED = DOOMED
 async def test_kill_9_while_waiting_for_approval_resumes_elsewhere(
     settings: Settings, client: Broker, tmp_path: Path
 ) -> None:
-    doomed = WorkerProcess(settings, tmp_path / "a.log", **_DOOMED)
-    await doomed.start()
-    try:
-        _, run_id = await start(client, "send the report")
-        req = await wait_event(client, run_id, "approval_required")
-        assert isinstance(req, events.ApprovalRequired)
-    finally:
-        await doomed.kill()
+    run_id, req = await killed_while_waiting(settings, client, tmp_path / "a.log")
     # Decided while no worker owns the run: stored, and sent to nobody.
     await client.decide(req.approval_id, "approve", "bob", "ok")
     async with running_worker(settings, purge=False) as (_, w):

@@ -21,14 +21,12 @@ from workers.takeover import plan_takeover
 
 from .helpers import sample
 from .workerkit import (
-    DOOMED,
     IN_SLOT,
     TOOL_LOG_ENV,
-    WorkerProcess,
+    killed_while_waiting,
     of,
     read_run,
     running_worker,
-    start,
     text_of,
     tool_runs,
     wait_event,
@@ -50,15 +48,8 @@ async def test_takeover_resumes_each_approval_window(
     owned the run or waits for it, and runs the approved tool once."""
     runs = tmp_path / "tool-runs"
     monkeypatch.setenv(TOOL_LOG_ENV, str(runs))
-    doomed = WorkerProcess(settings, tmp_path / "a.log", **DOOMED)
-    doomed.env["RUNLOG_TOOLS"] = SEND_TOOLS
-    await doomed.start()
-    try:
-        _, run_id = await start(client, "send the report")
-        req = await wait_event(client, run_id, "approval_required")
-        assert isinstance(req, events.ApprovalRequired)
-    finally:
-        await doomed.kill()
+    env = {"RUNLOG_TOOLS": SEND_TOOLS}
+    run_id, req = await killed_while_waiting(settings, client, tmp_path / "a.log", env=env)
     if decided == "while-dead":
         await client.decide(req.approval_id, "approve", "bob")
     async with running_worker(settings, purge=False, tools=SEND_TOOLS) as (_, w):
@@ -86,14 +77,7 @@ async def test_a_resumed_run_stopped_while_it_waits_closes_the_card_it_replayed(
     """The card waiting for the approval was opened by a model turn the new
     owner replayed (not streamed again): a stop still gives it its result
     before run_end, as when the first owner is stopped."""
-    doomed = WorkerProcess(settings, tmp_path / "a.log", **DOOMED)
-    await doomed.start()
-    try:
-        _, run_id = await start(client, "send the report")
-        req = await wait_event(client, run_id, "approval_required")
-        assert isinstance(req, events.ApprovalRequired)
-    finally:
-        await doomed.kill()
+    run_id, req = await killed_while_waiting(settings, client, tmp_path / "a.log")
     async with running_worker(settings, purge=False, **IN_SLOT) as (_, w):
         await wait_event(client, run_id, "status")  # resumed, waiting in its slot
         await client.interrupt(run_id, "carol", "changed my mind")

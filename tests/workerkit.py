@@ -280,3 +280,25 @@ COUNTED_SEND_TOOLS = [
 
 # search_docs as a write that must not run twice.
 FRAGILE_TOOLS = [dataclasses.replace(_SEARCH, side_effects=True, retryable=False)]
+
+
+async def killed_while_waiting(
+    settings: Settings,
+    client: Broker,
+    log_path: Path,
+    input: str = "send the report",
+    env: dict[str, str] | None = None,
+) -> tuple[str, events.ApprovalRequired]:
+    """A run started on a worker process (DOOMED: it waits in its slot) that
+    is killed with SIGKILL once the run asks for its approval: the run's id
+    and its approval_required."""
+    doomed = WorkerProcess(settings, log_path, **DOOMED)
+    doomed.env.update(env or {})
+    await doomed.start()
+    try:
+        _, run_id = await start(client, input)
+        req = await wait_event(client, run_id, "approval_required")
+        assert isinstance(req, events.ApprovalRequired)
+    finally:
+        await doomed.kill()
+    return run_id, req
