@@ -39,7 +39,7 @@ from ag_ui.core import (
 from ag_ui.encoder import EventEncoder
 from aiohttp import web
 
-from broker.embedded import free_port
+from broker.sockets import free_port
 
 from ._agents import deltas
 

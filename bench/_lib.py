@@ -38,7 +38,7 @@ import psutil
 from prometheus_client import Histogram
 
 from broker import migrate
-from broker.embedded import NatsProcess, PostgresProcess, nats_server_binary
+from runlog.embedded import NatsProcess, PostgresProcess, nats_server_binary
 
 # Versions worth knowing when comparing two result files.
 PACKAGES = (

@@ -38,7 +38,8 @@ from typing import Any
 import aiohttp
 import psutil
 
-from broker.embedded import NatsProcess, free_port, port_is_free
+from broker.sockets import free_port, port_is_free
+from runlog.embedded import NatsProcess
 
 from . import _lib
 from ._lib import Stack

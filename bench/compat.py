@@ -85,7 +85,7 @@ Factory = Callable[[str, str], tuple[Projection, Framing]]  # (run_id, session_i
 
 
 def _langgraph(modes: frozenset[str]) -> Factory:
-    # gateway/compat/langgraph_api.py builds its Framing per answer (Location headers).
+    # gateway/compat/langgraph_http.py builds its Framing per answer (Location headers).
     return lambda run, sid: (
         LangGraph(Context(run, sid), modes),
         Framing(ids=True, event_names=True),

@@ -17,7 +17,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 
 from . import _aio, auth, console, credentials, error_answer, openapi, rest, ws
-from .compat import agentui_http, agui_http, aisdk_http, langgraph_api, openai_http, sim_http
+from .compat import agentui_http, agui_http, aisdk_http, langgraph_http, openai_http, sim_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
 
@@ -178,7 +178,7 @@ def build_app(
     r.add_get("/v1/runs/{run_id}/events", rest.run_events)
     r.add_post("/v1/runs/{run_id}/interrupt", rest.interrupt)
     r.add_post("/v1/runs/{run_id}/approvals/{approval_id}", rest.decide_approval)
-    langgraph_api.routes(app)
+    langgraph_http.routes(app)
     agui_http.routes(app)
     openai_http.routes(app)
     aisdk_http.routes(app)

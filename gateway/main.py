@@ -35,8 +35,8 @@ import socket
 from aiohttp import web
 
 from broker import errors
-from broker.embedded import bind_free_port
 from broker.settings import Settings
+from broker.sockets import bind_free_port
 
 from . import auth
 from ._aio import AppRunner

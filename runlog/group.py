@@ -42,8 +42,8 @@ import logging
 import os
 
 from broker import errors
-from broker.embedded import bind_free_port, port_is_free
 from broker.settings import Settings
+from broker.sockets import bind_free_port, port_is_free
 
 from .cli import install_stop_signals
 from .supervisor import ChildSpec, OwnPort, StartFailed, Supervisor, settings_env

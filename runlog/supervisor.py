@@ -16,7 +16,7 @@ Contract:
   the same time, SIGKILL after `stop_timeout_s`; it returns when all are gone,
   with each child's last exit code (0: it drained and exited cleanly).
 - Children die with us. Each is spawned with `PR_SET_PDEATHSIG` =
-  SIGKILL (`broker.embedded.die_with_parent`, Linux): if `runlog up` is
+  SIGKILL (`runlog.embedded.die_with_parent`, Linux): if `runlog up` is
   SIGKILLed, the kernel kills its workers and gateways, so none lives on
   holding its port. SIGKILL rather than SIGTERM: a drain needs the NATS and
   PostgreSQL that are going down with us, and nobody would bound it; a crash
@@ -46,8 +46,9 @@ from typing import Any
 
 import aiohttp
 
-from broker.embedded import bind_free_port, die_with_parent
 from broker.settings import Settings
+from broker.sockets import bind_free_port
+from runlog.embedded import die_with_parent
 
 log = logging.getLogger("runlog.up")
 

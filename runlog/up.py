@@ -42,9 +42,10 @@ import logging
 import os
 
 from broker import errors, migrate
-from broker.embedded import LOOPBACK, NatsProcess, PostgresProcess, port_is_free
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import LOOPBACK, port_is_free
+from runlog.embedded import NatsProcess, PostgresProcess
 
 from . import group, secret, stack
 from .cli import install_stop_signals

@@ -18,7 +18,7 @@ from ag_ui.core import BaseEvent, RunAgentInput, RunStartedEvent
 from ag_ui.encoder import EventEncoder
 from aiohttp import web
 
-from broker.embedded import free_port
+from broker.sockets import free_port
 
 
 class Exchange:

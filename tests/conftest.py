@@ -24,9 +24,9 @@ import pytest_asyncio
 from playwright.async_api import Browser, async_playwright
 
 from broker import migrate
-from broker.embedded import NatsProcess, PostgresProcess
 from broker.runtime import Broker
 from broker.settings import Settings
+from runlog.embedded import NatsProcess, PostgresProcess
 
 from .browser_helpers import CHROMIUM, LAUNCH_ARGS
 from .helpers import FIXTURE_TASK_PREFIX, KillableStack, Stack, make_settings

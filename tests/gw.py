@@ -13,10 +13,10 @@ import aiohttp
 from aiohttp import web
 
 from broker import events
-from broker.embedded import bind_free_port
 from broker.log import RunWriter
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import bind_free_port
 from gateway import auth
 from gateway._aio import AppRunner
 from gateway.app import REGISTRY, build_app

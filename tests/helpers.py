@@ -9,10 +9,10 @@ from typing import NamedTuple, Protocol
 from prometheus_client import CollectorRegistry
 
 from broker import events
-from broker.embedded import NatsProcess, PostgresProcess
 from broker.settings import Settings
 from broker.store import Store, StoredEvent
 from broker.subscribe import Subscription
+from runlog.embedded import NatsProcess, PostgresProcess
 
 # Tasks of a module- or session-scoped fixture that a test restarts (their
 # lifetime is the fixture's, not the test's) carry this name prefix; the

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import aiohttp
 
-from broker.embedded import free_port
 from broker.settings import Settings
+from broker.sockets import free_port
 
 _LISTENING = re.compile(r"gateway listening on http://\S+?:(\d+)")
 

@@ -40,9 +40,9 @@ from ag_ui.core import (
 from aiohttp import web
 
 from broker import events, steps
-from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import free_port
 from workers.api import AgentError, Decision
 from workers.frameworks import agui
 

@@ -24,9 +24,9 @@ from aiohttp import web
 from playwright.async_api import Browser, Page, WebSocketRoute, expect
 
 from broker import events, ids
-from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import free_port
 from gateway import auth
 
 from .browser_helpers import (

@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 
 from broker import events
-from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import free_port
 from gateway.context import GATEWAY
 from runlog.client import Client, ClientError
 

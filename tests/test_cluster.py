@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest_asyncio
 
 from broker import constants, events
-from broker.embedded import ClusterSpec, NatsProcess, free_port
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import free_port
+from runlog.embedded import ClusterSpec, NatsProcess
 
 from .helpers import assert_contiguous, sample, text
 

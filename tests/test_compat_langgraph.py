@@ -18,7 +18,7 @@ from langgraph_sdk import get_client
 from broker import errors, events
 from broker.runtime import Broker
 from broker.settings import Settings
-from gateway.compat import langgraph_api
+from gateway.compat import langgraph_http
 from gateway.compat.base import Context, Wire
 from gateway.compat.langgraph import LangGraph, UnsupportedStreamMode, parse_modes
 from gateway.rest import InvalidRequest
@@ -341,11 +341,11 @@ def test_a_runs_input_is_the_last_human_message() -> None:
         b'{"messages": [{"role": "user", "content": "first"}, {"type": "ai", "content": "x"},'
         b' {"type": "human", "content": [{"type": "text", "text": "sec"}, {"type": "image_url"},'
         b' "ond"]}, {"role": "assistant", "content": "y"}]}',
-        type=langgraph_api._Input,
+        type=langgraph_http._Input,
     )
-    assert langgraph_api.human_text(inp) == "second"
+    assert langgraph_http.human_text(inp) == "second"
     with pytest.raises(InvalidRequest):
-        langgraph_api.human_text(langgraph_api._Input(messages=[]))
+        langgraph_http.human_text(langgraph_http._Input(messages=[]))
 
 
 @pytest.mark.parametrize(
@@ -359,7 +359,7 @@ def test_a_runs_input_is_the_last_human_message() -> None:
     ],
 )  # fmt: skip
 def test_command_resume_forms(resume: bytes, decided: dict[str, tuple[str, str]]) -> None:
-    assert langgraph_api.decisions(msgspec.Raw(resume), [AP1]) == decided
+    assert langgraph_http.decisions(msgspec.Raw(resume), [AP1]) == decided
 
 
 @pytest.mark.parametrize(
@@ -375,7 +375,7 @@ def test_command_resume_forms(resume: bytes, decided: dict[str, tuple[str, str]]
 )
 def test_command_resume_refused(resume: bytes, pending: list[str], error: type[Exception]) -> None:
     with pytest.raises(error):
-        langgraph_api.decisions(msgspec.Raw(resume), pending)
+        langgraph_http.decisions(msgspec.Raw(resume), pending)
 
 
 # -- the real clients against real gateways and a real worker

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.embedded import nats_server_binary
 from broker.settings import ENV_PREFIX, Settings
 from runlog.cli import _parser
+from runlog.embedded import nats_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNLOG_IMAGE = "runlog:local"

@@ -20,7 +20,8 @@ import psutil
 import pytest
 from nats.js.api import StorageType
 
-from broker.embedded import ClusterSpec, NatsProcess, PostgresProcess, free_port, port_is_free
+from broker.sockets import free_port, port_is_free
+from runlog.embedded import ClusterSpec, NatsProcess, PostgresProcess
 
 T = TypeVar("T")
 
@@ -211,7 +212,7 @@ def _gone(p: psutil.Process) -> bool:
 _PARENT = """
 import asyncio, sys
 from pathlib import Path
-from broker.embedded import NatsProcess, PostgresProcess
+from runlog.embedded import NatsProcess, PostgresProcess
 
 async def main():
     kind = {"nats": NatsProcess, "postgres": PostgresProcess}[sys.argv[1]]

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 
 from broker import events
-from broker.embedded import free_port
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import free_port
 from broker.store import StoredEvent
 from gateway.context import GATEWAY
 from gateway.main import serve

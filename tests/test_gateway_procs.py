@@ -29,9 +29,9 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import events
-from broker.embedded import port_is_free
 from broker.runtime import Broker
 from broker.settings import Settings
+from broker.sockets import port_is_free
 from gateway import auth
 from runlog.client import Client, Received
 

@@ -329,7 +329,7 @@ def aisdk_rows(sid: str, run_id: str, aid: str) -> list[tuple[str, str, Any, dic
 
 
 def _langgraph(sid: str, run_id: str) -> list[tuple[str, str, Any, dict[str, str]]]:
-    """The LangGraph compat routes (gateway/compat/langgraph_api.py)."""
+    """The LangGraph compat routes (gateway/compat/langgraph_http.py)."""
     base = f"/v1/compat/langgraph/threads/{sid}"
     human = {"input": {"messages": [{"role": "user", "content": "hi"}]}}
     return [

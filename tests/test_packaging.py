@@ -1,6 +1,7 @@
 """What `pip install runlog` (and so the container image) gets: every module
 of the tree, the migrations and the console (its vendored modules too), in
-the wheel."""
+the wheel; and nothing that is not the product (the benchmarks and their
+experiments stay in the tree)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from .workerkit import REPO
 
-_TOP = ("broker", "workers", "gateway", "migrations", "runlog", "bench")
+_TOP = ("broker", "workers", "gateway", "migrations", "runlog")
 
 
 def test_the_wheel_holds_every_module_of_the_tree(tmp_path: Path) -> None:
@@ -29,6 +30,7 @@ def test_the_wheel_holds_every_module_of_the_tree(tmp_path: Path) -> None:
         if p.suffix in (".py", ".sql") and "__pycache__" not in p.parts
     }
     assert sorted(tree - names) == []
+    assert sorted(n for n in names if n.startswith(("bench/", "tests/"))) == []
     assert {"gateway/static/index.html", "migrations/0001_initial.sql"} <= names
     # The console, every file of it: `make run` and the image need no npm.
     static = {

@@ -34,8 +34,8 @@ from ag_ui.core import (
     TextMessageStartEvent,
 )
 
-from broker.embedded import LOOPBACK, free_port, port_is_free
 from broker.settings import Settings
+from broker.sockets import LOOPBACK, free_port, port_is_free
 from gateway import auth
 from runlog.client import Client
 from runlog.supervisor import RestartBackoff, describe_exit

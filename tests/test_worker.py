@@ -10,8 +10,8 @@ import aiohttp
 import msgspec
 
 from broker import events
-from broker.embedded import free_port
 from broker.settings import Settings
+from broker.sockets import free_port
 from workers.http import start_http
 
 from .helpers import KillableStack, make_settings, sample

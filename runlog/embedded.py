@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import sys
 import tempfile
@@ -55,7 +54,7 @@ from typing import IO, Any, Self
 
 import asyncpg
 
-LOOPBACK = "127.0.0.1"
+from broker.sockets import LOOPBACK, free_port, port_is_free
 
 NATS_START_TIMEOUT_S = 20.0
 NATS_STOP_TIMEOUT_S = 10.0
@@ -103,48 +102,6 @@ def nats_server_binary() -> Path:
     if not (candidate.is_file() and os.access(candidate, os.X_OK)):
         raise RuntimeError(f"nats-server not found on PATH nor at {candidate}: {_INSTALL_HINT}")
     return candidate
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now. Another process may take it before
-    the server binds it; where the server can be given a socket or bind port 0
-    itself, use `bind_free_port` instead."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def bind_free_port(host: str = LOOPBACK, *, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to a free port of `host` the kernel picked, not
-    listening yet; its port is `getsockname()[1]`. Unlike `free_port` the port
-    is held from the start: no other process can bind it before a server
-    listens on this socket (without SO_REUSEADDR, which would let another
-    socket bind it too until one listens). reuse_port: SO_REUSEPORT, so that
-    processes of the same user can bind the port beside it (a gateway group)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, 0))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """Whether a server could listen on `host`:`port` right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # Servers set SO_REUSEADDR too, so TIME_WAIT leftovers don't count as busy.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
