@@ -42,6 +42,14 @@ _MSG_ID_LINE = f"{C.MSG_ID_HEADER}: ".encode()
 # How long a starting process waits for JetStream to accept its streams (a
 # cluster electing its meta leader takes a few seconds).
 STREAMS_READY_TIMEOUT_S = 30.0
+# JetStream's answer while the cluster has fewer live nodes than the stream's
+# replicas (a node starting late or being replaced): wait for it, like the
+# meta leader.
+_NO_PEERS_FOR_PLACEMENT = 10005
+
+
+class _NotPlacedYet(Exception):
+    pass
 
 
 class LiveBatch(msgspec.Struct, kw_only=True):
@@ -208,7 +216,9 @@ class Bus:
             try:
                 try:
                     await self.js.add_stream(cfg)
-                except nats.js.errors.BadRequestError:
+                except nats.js.errors.BadRequestError as e:
+                    if e.err_code == _NO_PEERS_FOR_PLACEMENT:
+                        raise _NotPlacedYet(e.description) from e
                     # Exists with another config: bring it to ours.
                     await self.js.update_stream(cfg)
                 return
@@ -216,6 +226,7 @@ class Bus:
                 nats.errors.TimeoutError,
                 nats.errors.NoRespondersError,
                 nats.js.errors.ServiceUnavailableError,
+                _NotPlacedYet,
             ) as e:
                 if loop.time() > deadline:
                     raise errors.BusUnavailable(

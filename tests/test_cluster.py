@@ -167,3 +167,42 @@ def assert_contiguous_seqs(got: list[int], total: int) -> None:
     """Every event exactly once, in order: 1..total."""
     assert len(got) == total, (len(got), total)
     assert got == list(range(1, total + 1))
+
+
+async def test_streams_wait_for_a_replica_node_that_joins_late(
+    tmp_root: Path, settings: Settings
+) -> None:
+    """A process that starts while the cluster has its meta leader but fewer
+    live nodes than a 3-replica stream needs (one is being replaced) waits for
+    the node, as it waits for the meta leader, instead of crashing:
+    JetStream answers such a stream `no suitable peers for placement` (400,
+    err_code 10005) until the third node is back."""
+    route_ports = [free_port() for _ in range(3)]
+    nodes = [
+        NatsProcess(
+            tmp_root / f"late-{port}",
+            cluster=ClusterSpec("late", port, [p for p in route_ports if p != port]),
+        )
+        for port in route_ports
+    ]
+    await asyncio.gather(*(n.start() for n in nodes))
+    try:
+        nodes[2].kill()
+        await nodes[2].wait_stopped()
+        s = dataclasses.replace(
+            settings, nats_url=",".join(n.url for n in nodes[:2]), stream_replicas=3
+        )
+        connecting = asyncio.create_task(Broker.connect(s, name="late-setup"))
+        # Until the third node runs again, nothing can place the streams:
+        # JetStream first times out (5 s), then answers 10005.
+        await asyncio.sleep(8.0)
+        assert not connecting.done(), connecting.exception() if connecting.done() else None
+        await nodes[2].start()
+        b = await asyncio.wait_for(connecting, 40.0)
+        try:
+            info = await b.bus.js.stream_info(constants.EVENTS_STREAM)
+            assert info.config.num_replicas == 3
+        finally:
+            await b.close()
+    finally:
+        await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
