@@ -52,7 +52,7 @@ class Gateway:
         self.heartbeat = Heartbeat(settings.ws_heartbeat_s)  # every WebSocket's ping/pong
         self._run_sessions: dict[str, str] = {}
         self.access = Access(self)
-        self.notices = Notices(self)
+        self.notices = Notices(broker.bus, settings.presence_refresh_s)
         self.hub.watch = self.notices
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
         self.own_origins = {
