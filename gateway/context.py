@@ -73,8 +73,9 @@ class Gateway:
         self.access.check(p)
         return p
 
-    def principal(self, request: web.Request) -> auth.Principal:
-        token = credentials.token_of(request)
+    def principal(self, request: web.Request, *, api_key: bool = False) -> auth.Principal:
+        """The request's principal (`api_key`: see credentials.token_of)."""
+        token = credentials.token_of(request, api_key=api_key)
         if not token:
             raise errors.Unauthorized(
                 "missing bearer token", hint="send 'Authorization: Bearer <token>'"
