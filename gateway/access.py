@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import nats.errors
 from nats.aio.subscription import Subscription
@@ -44,7 +44,10 @@ from .auth import Principal
 from .connection import Connection, State
 
 if TYPE_CHECKING:
-    from .context import Gateway
+    from broker.runtime import Broker
+    from broker.settings import Settings
+
+    from .metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,23 @@ async def send(bus: Bus, msg: control.AccessChange) -> bool:
         return False
 
 
+class Host(Protocol):
+    """What access control needs of its gateway (context.py's `Gateway`, which
+    owns it and so is not imported here)."""
+
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+    @property
+    def connections(self) -> set[Connection]: ...
+    async def run_session(self, run_id: str) -> str: ...
+
+
 class Access:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Host) -> None:
         self.gw = gw
         self.origin = secrets.token_hex(8)  # tells this gateway's own messages apart
         self.not_before: dict[str, float] = {}  # user -> s since the epoch

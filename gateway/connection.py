@@ -30,15 +30,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .disconnect import CODES
 from .sendq import Item, Mode, SendQueue
 
 if TYPE_CHECKING:
+    from broker.settings import Settings
+
+    from ._malloc import Trimmer
     from .admission import Ticket
-    from .context import Gateway
-    from .hub import Member
+    from .hub import Hub, Member
+    from .metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,26 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+class Host(Protocol):
+    """What a connection needs of its gateway (context.py's `Gateway`, which
+    owns the connections and so is not imported here)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+    @property
+    def hub(self) -> Hub: ...
+    @property
+    def trimmer(self) -> Trimmer: ...
+    @property
+    def connections(self) -> set[Connection]: ...  # each registers itself until CLOSED
+
+
 class Connection:
     kind = "conn"
 
-    def __init__(self, gw: Gateway, user: str, mode: Mode) -> None:
+    def __init__(self, gw: Host, user: str, mode: Mode) -> None:
         s = gw.settings
         self.gw = gw
         self.user = user

@@ -52,7 +52,7 @@ class Gateway:
         self.heartbeat = Heartbeat(settings.ws_heartbeat_s)  # every WebSocket's ping/pong
         self._run_sessions: dict[str, str] = {}
         self.access = Access(self)
-        self.notices = Notices(self)
+        self.notices = Notices(broker.bus, settings.presence_refresh_s)
         self.hub.watch = self.notices
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
         self.own_origins = {
@@ -73,8 +73,9 @@ class Gateway:
         self.access.check(p)
         return p
 
-    def principal(self, request: web.Request) -> auth.Principal:
-        token = credentials.token_of(request)
+    def principal(self, request: web.Request, *, api_key: bool = False) -> auth.Principal:
+        """The request's principal (`api_key`: see credentials.token_of)."""
+        token = credentials.token_of(request, api_key=api_key)
         if not token:
             raise errors.Unauthorized(
                 "missing bearer token", hint="send 'Authorization: Bearer <token>'"

@@ -9,6 +9,10 @@ history, and a link must never be able to change anything: anywhere else a
 query token is refused with 401 `unauthorized` — not ignored, so a client that
 sends one learns at once instead of failing some other way.
 
+On the LangGraph routes only (compat/langgraph_http.py), LangGraph's own
+`x-api-key: <token>` is a bearer token too, when no Authorization header is
+sent: both of its SDKs send their API key there.
+
 `refuse_misplaced_query_token` applies the rule to every route, including
 ones that need no token and ones added later; `token_of` reads the token.
 """
@@ -24,6 +28,7 @@ from broker import errors
 from . import auth
 
 QUERY_PARAM = "access_token"
+API_KEY_HEADER = "x-api-key"  # LangGraph's
 
 # Routes (templates) that may take the token in the query, on a GET.
 _STREAM_ROUTES = frozenset({"/v1/runs/{run_id}/events", "/v1/sessions/{session_id}/events"})
@@ -49,11 +54,15 @@ def check_query_token(request: web.Request) -> None:
         )
 
 
-def token_of(request: web.Request) -> str | None:
+def token_of(request: web.Request, *, api_key: bool = False) -> str | None:
     """The bearer token of the request: the header's, else the query's where
-    that is allowed (elsewhere a query token is Unauthorized)."""
+    that is allowed (elsewhere a query token is Unauthorized). With `api_key`
+    (the LangGraph routes), `x-api-key` when no Authorization header is sent."""
     check_query_token(request)
-    return auth.bearer(request.headers.get("Authorization")) or request.query.get(QUERY_PARAM)
+    header = request.headers.get("Authorization")
+    if api_key and not header and (key := request.headers.get(API_KEY_HEADER)):
+        return key
+    return auth.bearer(header) or request.query.get(QUERY_PARAM)
 
 
 @web.middleware

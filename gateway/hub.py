@@ -44,12 +44,12 @@ from broker.runtime import Broker
 from broker.store import ROW_CURSOR, ROW_SEQ, ROW_TYPE, StoredEvent
 from broker.subscribe import Subscription
 
-from .connection import Connection
 from .frames import EncodedBatch, contiguous, ws_events_frame, ws_wire
 from .metrics import GatewayMetrics
 from .replay_page import PageRead, chunk_len, payloads_of, sse_text
 from .replay_slots import ReplaySlots
 from .sendq import Mode
+from .subscriber import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ _PENDING_MAX = 256  # batches buffered for a catching-up member before it re-rea
 
 
 class Member:
-    def __init__(self, topic: Topic, conn: Connection, after: int, mode: Mode) -> None:
+    def __init__(self, topic: Topic, conn: Subscriber, after: int, mode: Mode) -> None:
         self.topic = topic
         self.conn = conn
         self.after = after
@@ -383,7 +383,7 @@ class Hub:
         self.pending_events_max = broker.settings.live_buffer_max
         self.watch: SessionWatch | None = None
 
-    async def join(self, conn: Connection, kind: str, ident: str, after: int, mode: Mode) -> Member:
+    async def join(self, conn: Subscriber, kind: str, ident: str, after: int, mode: Mode) -> Member:
         """Follow a run or session for `conn` from cursor `after`."""
         # Checked before any topic exists, so a bad cursor costs nothing (the
         # head only grows, so the check stays true).

@@ -40,11 +40,11 @@ import nats.errors
 from nats.aio.subscription import Subscription
 
 from broker import control
+from broker.bus import Bus
 
 from .presence import PresenceTable, watching
 
 if TYPE_CHECKING:
-    from .context import Gateway
     from .hub import Member
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,10 @@ class _Followed:
 
 
 class Notices:
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+    def __init__(self, bus: Bus, refresh_s: float) -> None:
+        self.bus = bus
         self.origin = secrets.token_hex(8)  # this gateway, in its announcements
-        self.refresh_s = gw.settings.presence_refresh_s
+        self.refresh_s = refresh_s  # presence_refresh_s
         self._watchers: dict[str, set[Member]] = {}  # session -> its subscriptions here
         self._fresh: dict[str, set[Member]] = {}  # joined, not told who watches yet
         self._followed: dict[str, _Followed] = {}
@@ -120,7 +120,7 @@ class Notices:
             input=input[: control.QUEUED_INPUT_CHARS], created_at=int(time.time() * 1000),
         )  # fmt: skip
         try:
-            await self.gw.broker.bus.publish_notice(msg)
+            await self.bus.publish_notice(msg)
         except _NATS_ERRORS as e:
             log.warning("run_queued notice not sent (the run shows once it starts): %r", e)
 
@@ -180,7 +180,7 @@ class Notices:
             f = self._followed[sid] = _Followed()
         if f.sub is None:  # new, or NATS refused it last time
             try:
-                f.sub = await self.gw.broker.bus.subscribe_notices(sid, self._on_notice)
+                f.sub = await self.bus.subscribe_notices(sid, self._on_notice)
             except _NATS_ERRORS as e:
                 log.warning("presence of session %s: cannot subscribe (%r)", sid, e)
         local = sorted({m.conn.user for m in self._watchers.get(sid, ()) if m.conn.user})
@@ -207,7 +207,7 @@ class Notices:
             hello=hello,
         )  # fmt: skip
         try:
-            await self.gw.broker.bus.publish_notice(msg)
+            await self.bus.publish_notice(msg)
         except _NATS_ERRORS as e:
             log.warning("presence of session %s not announced: %r", sid, e)
 

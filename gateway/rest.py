@@ -26,11 +26,14 @@ Role = Literal["owner", "approver", "viewer"]
 Policy = Literal["reject", "enqueue", "interrupt"]
 
 
-class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    pass
+class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The base of a request body `read_body` decodes: keyword-only fields,
+    unknown fields refused (a misspelt option is an error, not ignored). The
+    native routes' bodies derive from it; a compat format whose clients send
+    options runlog has no use for derives with `forbid_unknown_fields=False`."""
 
 
-class CreateSession(_Body):
+class CreateSession(Body):
     title: Text = ""
     run_policy: Policy = "enqueue"
     # What Sim agent-events-v1 clients may see (docs/compat.md).
@@ -38,7 +41,7 @@ class CreateSession(_Body):
     include_tool_calls: bool = False
 
 
-class UpdateSession(_Body):
+class UpdateSession(Body):
     """PATCH: the fields given change, the others stay (owners only)."""
 
     title: Text | None = None
@@ -49,7 +52,7 @@ class UpdateSession(_Body):
     archived: bool | None = None
 
 
-class AddMember(_Body):
+class AddMember(Body):
     user_id: UserId
     role: Role
 
@@ -60,20 +63,20 @@ class AddMember(_Body):
             raise ValueError(f"{problem} - at `$.user_id`")
 
 
-class SetRole(_Body):
+class SetRole(Body):
     role: Role
 
 
-class StartRun(_Body):
+class StartRun(Body):
     input: inputs.LongText = ""
     model: inputs.ShortText = ""
 
 
-class InterruptBody(_Body):
+class InterruptBody(Body):
     reason: Text = ""
 
 
-class DecideBody(_Body):
+class DecideBody(Body):
     decision: Literal["approve", "reject"]
     comment: Text = ""
     call_digest: Digest = ""  # what the approver was shown; 409 approval_stale if it changed
@@ -83,10 +86,15 @@ class InvalidRequest(errors.ClientError):
     code = "invalid_request"
 
 
-B = TypeVar("B", bound=msgspec.Struct)  # _Body, or a compat format's own body
+B = TypeVar("B", bound=msgspec.Struct)  # a Body, or a compat format's own struct
 
 
 async def read_body(request: web.Request, typ: type[B], gw: Gateway) -> B:
+    """The request's JSON body as `typ`, for every route that takes one (native
+    and compat): over max_message_bytes is 413 `payload_too_large` (refused
+    by its Content-Length before reading, when it says so), an empty body is
+    `{}`, and malformed JSON or a body `typ` refuses is 400 `invalid_request`,
+    in words (inputs.describe)."""
     limit = gw.settings.max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         raise errors.PayloadTooLarge(f"body is over {limit} bytes")

@@ -59,6 +59,7 @@ class _Bucket:
 
 class WsClient(Connection):
     kind = "ws"
+    gw: Gateway  # all of it: authorize, decide, verify, admission
 
     def __init__(self, gw: Gateway, ws: web.WebSocketResponse, request: web.Request) -> None:
         _aio.check_uncompressed(ws)

@@ -16,9 +16,9 @@ import pytest_asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.adapters._sse import SSEEvent, SSEParser
 from workers.adapters.anthropic import AnthropicAdapter, EventDecoder
 from workers.adapters.openai import ChunkDecoder, OpenAIAdapter
+from workers.adapters.sse import SSEEvent, SSEParser
 from workers.model import (
     Finish,
     Message,

@@ -257,3 +257,10 @@ def encode_result(value: object) -> bytes:
         return msgspec.json.encode(value)
     except (TypeError, msgspec.EncodeError) as e:
         raise TypeError(f"a step's result must be JSON-encodable by msgspec: {e}") from e
+
+
+def journal_of(ctx: AgentContext) -> Journal:
+    """The run's journal behind `ctx`, for runlog's own agent (the built-in
+    loop, workers/loop.py), which reads what the API does not show: the run's
+    signals, metrics and clock. Not part of the agent API (not in `__all__`)."""
+    return ctx._j

@@ -41,7 +41,7 @@ import msgspec
 
 from broker import models
 
-from .api import AgentContext, Decision
+from .api import AgentContext, Decision, journal_of
 from .context import RunContext
 from .durable import Journal
 from .errors import RunFailure, ToolError
@@ -115,7 +115,7 @@ class _Run:
         self.ctx = ctx
         # Part of runlog, the loop reads what the API does not show: the
         # run's signals, metrics and clock.
-        self.journal: Journal = ctx._j
+        self.journal: Journal = journal_of(ctx)
         self.rc: RunContext = self.journal.ctx
         self.messages: list[Message] = []
         # A resumed run's first token and card were timed by its first owner.

@@ -71,7 +71,7 @@ class _Message(msgspec.Struct, kw_only=True):
     parts: list[_Part] = []
 
 
-class ChatRequest(rest._Body, forbid_unknown_fields=False):
+class ChatRequest(rest.Body, forbid_unknown_fields=False):
     """The body `DefaultChatTransport` posts (plus `model`, through its
     `body` option, for a new run)."""
 

@@ -18,7 +18,6 @@ reconnect there by themselves with `Last-Event-ID`), and
 from __future__ import annotations
 
 import datetime
-from typing import Any
 from urllib.parse import urlencode
 
 import msgspec
@@ -29,7 +28,7 @@ from broker.store import RunInfo
 
 from .. import auth, inputs, sse
 from ..context import GATEWAY, Gateway, json_response
-from ..rest import InvalidRequest
+from ..rest import InvalidRequest, read_body
 from .base import Context
 from .langgraph import MODES, LangGraph, parse_modes
 from .serve import Framing, serve_run
@@ -94,23 +93,6 @@ class _Decision(msgspec.Struct, forbid_unknown_fields=True):
     comment: inputs.Text = ""
 
 
-def _decode(data: bytes, typ: type[Any], what: str) -> Any:
-    try:
-        return msgspec.json.decode(data or b"{}", type=typ)
-    except msgspec.ValidationError as e:
-        raise InvalidRequest(f"{what}: {inputs.describe(e)}") from e
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"{what}: malformed JSON") from e
-
-
-async def _body(request: web.Request, gw: Gateway, typ: type[Any]) -> Any:
-    limit = gw.settings.max_message_bytes
-    data = await request.content.read(limit + 1)
-    if len(data) > limit:
-        raise errors.PayloadTooLarge(f"body is over {limit} bytes")
-    return _decode(data.strip(), typ, "body")
-
-
 def human_text(inp: _Input) -> str:
     """The last human message's text: a run's input."""
     for m in reversed(inp.messages):
@@ -165,14 +147,6 @@ def _decision(value: object) -> tuple[str, str]:
 # -- auth
 
 
-def _principal(request: web.Request) -> auth.Principal:
-    gw = request.app[GATEWAY]
-    key = request.headers.get("x-api-key", "")
-    if key and not request.headers.get("Authorization"):
-        return gw.verify(key)
-    return gw.principal(request)
-
-
 async def _run_in_thread(gw: Gateway, user: str, thread_id: str, run_id: str) -> None:
     """Raise unless `user` may read the run and it is in the thread (another
     thread's run is answered as an unknown one)."""
@@ -186,8 +160,8 @@ async def _run_in_thread(gw: Gateway, user: str, thread_id: str, run_id: str) ->
 
 async def create_thread(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    p = _principal(request)
-    body: _ThreadBody = await _body(request, gw, _ThreadBody)
+    p = gw.principal(request, api_key=True)
+    body = await read_body(request, _ThreadBody, gw)
     if body.thread_id:
         # runlog names its sessions; an existing one of yours is yours again.
         if body.if_exists != "do_nothing":
@@ -202,7 +176,7 @@ async def create_thread(request: web.Request) -> web.Response:
 
 async def get_thread(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    p = _principal(request)
+    p = gw.principal(request, api_key=True)
     sid = request.match_info["thread_id"]
     await auth.require_role(gw.broker.store, sid, p.user, auth.READ, "read")
     return json_response(await _thread(gw, sid))
@@ -219,7 +193,7 @@ async def _thread(gw: Gateway, sid: str) -> dict[str, object]:
 
 async def get_run(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    p = _principal(request)
+    p = gw.principal(request, api_key=True)
     thread_id, run_id = request.match_info["thread_id"], request.match_info["run_id"]
     await _run_in_thread(gw, p.user, thread_id, run_id)
     return json_response(_run(await gw.broker.store.get_run(run_id)))
@@ -248,7 +222,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     """The SDK's `runs.cancel`: runlog's interrupt (`action=rollback`, which
     would delete the run, is refused: a log is never rewritten)."""
     gw = request.app[GATEWAY]
-    p = _principal(request)
+    p = gw.principal(request, api_key=True)
     thread_id, run_id = request.match_info["thread_id"], request.match_info["run_id"]
     if request.query.get("action", "interrupt") != "interrupt":
         raise InvalidRequest("only action=interrupt is served", hint="runlog never deletes a run")
@@ -263,9 +237,9 @@ async def stream_run(request: web.Request) -> web.StreamResponse:
     """`POST /threads/{t}/runs/stream`: `input` starts a run; `command.resume`
     decides the approvals it names and streams on right after them."""
     gw = request.app[GATEWAY]
-    p = _principal(request)
+    p = gw.principal(request, api_key=True)
     thread_id = request.match_info["thread_id"]
-    body: _RunBody = await _body(request, gw, _RunBody)
+    body = await read_body(request, _RunBody, gw)
     modes = parse_modes([body.stream_mode] if isinstance(body.stream_mode, str)
                         else body.stream_mode)  # fmt: skip
     if body.command is not None:
@@ -283,7 +257,7 @@ async def stream_run(request: web.Request) -> web.StreamResponse:
 async def join_stream(request: web.Request) -> web.StreamResponse:
     """`GET /threads/{t}/runs/{r}/stream`: a run from `Last-Event-ID` on."""
     gw = request.app[GATEWAY]
-    p = _principal(request)
+    p = gw.principal(request, api_key=True)
     thread_id, run_id = request.match_info["thread_id"], request.match_info["run_id"]
     after = sse.cursor_from(request)
     # LangGraph joins with the modes the run was made with; runlog's runs have

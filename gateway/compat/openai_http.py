@@ -64,7 +64,7 @@ class _Runlog(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     after: inputs.Count = 0
 
 
-class ChatRequest(rest._Body, forbid_unknown_fields=False):
+class ChatRequest(rest.Body, forbid_unknown_fields=False):
     """What runlog reads of a chat completions request (the rest is ignored)."""
 
     model: inputs.ShortText = ""

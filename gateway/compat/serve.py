@@ -35,7 +35,6 @@ parsing and its `Projection` differ. Contract:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,11 +44,12 @@ from aiohttp import web
 
 from broker import errors, events
 
+from .. import sse
 from ..admission import Ticket
 from ..auth import Principal
 from ..context import Gateway
 from ..sendq import Item
-from ..sse import SSE_HEADERS, HttpStream
+from ..sse import HttpStream
 from .base import Projection, Wire
 
 # Rendered output is written in pieces of about this size, so a long replay
@@ -100,19 +100,23 @@ def decode(payload: bytes) -> events.AnyEvent | None:
 
 class CompatClient(HttpStream):
     """One compat answer: a streamed response whose writer runs the
-    projection over the stored events the hub queues for it ("raw" items)."""
+    projection over the stored events the hub queues for it ("raw" items).
+    Its life is native SSE's (sse.HttpStream); only what it writes differs.
+    It ends the body without an in-band reason: these formats have none that
+    their clients resume from, and a body ended without its terminal event
+    is a cut."""
 
     kind = "compat"
 
     def __init__(
         self, gw: Gateway, request: web.Request, resp: web.StreamResponse, user: str,
-        projection: Projection, framing: Framing,
+        projection: Projection, framing: Framing, *, ticket: Ticket, issued_at: float,
     ) -> None:  # fmt: skip
-        super().__init__(gw, request, resp, user, "raw")
+        super().__init__(gw, request, resp, user, "raw", ticket=ticket, issued_at=issued_at)
         self.projection = projection
         self.framing = framing
+        self.heartbeat = framing.heartbeat
         self.finished = False  # the answer's last item is rendered: nothing more goes out
-        self._eof = False  # the goodbye began: nothing more is written
 
     async def send(self, items: list[Item]) -> None:
         out: list[bytes] = []
@@ -150,18 +154,12 @@ class CompatClient(HttpStream):
                     break
                 if size >= _WRITE_BYTES:
                     self.sent[topic] = seq
-                    await self._write(out)
+                    await self.write(b"".join(out))
                     out, size = [], 0
             if seq >= 0:
                 self.sent[topic] = seq
         if out:
-            await self._write(out)
-
-    async def _write(self, out: list[bytes]) -> None:
-        if self._eof:
-            return  # the teardown ended the body: the client resumes from what it has
-        await self.resp.write(b"".join(out))
-        self._last_write = asyncio.get_running_loop().time()
+            await self.write(b"".join(out))
 
     def after_written(self) -> None:
         if self.finished:
@@ -169,20 +167,6 @@ class CompatClient(HttpStream):
 
     def wants_heartbeat(self) -> bool:
         return not self.finished
-
-    async def goodbye(self, code: str | None, cursors: dict[str, int]) -> None:
-        # No in-band reason: these formats have none that their clients
-        # resume from. A body ended without its terminal event is a cut.
-        self._eof = True
-        if code is not None:
-            self.resp.force_close()
-        await self.resp.write_eof()
-        if code is None:
-            self.spare_transport()
-
-    async def serve(self) -> None:
-        """Until the answer is done, the client leaves, or the server ends it."""
-        await self.hold(self.framing.heartbeat)
 
 
 async def serve_run(
@@ -194,14 +178,10 @@ async def serve_run(
     projection.feed, written as SSE frames, until projection.done (then
     framing.done) or the client leaves. Counts against the connection caps;
     ends like native SSE on drain / revocation (see the module's contract)."""
-    if gw.draining:
-        raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
+    sse.refuse_if_draining(gw)
     await gw.authorize_stream(principal.user, "run", run_id)
-    ticket = gw.admission.admit(gw.admission.client_ip(request), principal.user)
-    try:
+    with sse.admitted(gw, request, principal.user) as ticket:
         return await _serve(request, gw, principal, run_id, after, projection, framing, ticket)
-    finally:
-        ticket.release()  # a no-op once the answer's connection released it when CLOSED
 
 
 async def _serve(
@@ -222,32 +202,16 @@ async def _serve(
     decided.update(a.approval_id for a in await store.run_approvals(run_id) if a.decision)
     await _track(gw, principal.user, run_id, after, projection)
     opening = framing.preamble + framing.render(projection.start())
-    if gw.draining:
-        raise errors.ServerDraining("this gateway is draining", hint="connect to another gateway")
-    resp = web.StreamResponse(
-        status=200, headers={**SSE_HEADERS, "Content-Type": framing.content_type, **framing.headers}
-    )
-    await resp.prepare(request)
+    sse.refuse_if_draining(gw)
+    headers = {**sse.SSE_HEADERS, "Content-Type": framing.content_type, **framing.headers}
     if projection.done:  # e.g. resumed at an approval that is still undecided
-        await resp.write(opening + (framing.done or b""))
+        resp = await sse.begin(request, headers, opening + (framing.done or b""))
         await resp.write_eof()
         return resp
-    await resp.write(opening)
-    client = CompatClient(gw, request, resp, principal.user, projection, framing)
-    client.issued_at = principal.issued_at
-    client.ticket = ticket
-    key = f"run:{run_id}"
-    try:
-        try:
-            member = await gw.hub.join(client, "run", run_id, after, "raw")
-        except errors.RunlogError as e:
-            # The body has begun: ending it is the only way left to say so.
-            await client.close("storage_unavailable" if e.retryable else "internal")
-            return resp
-        if client.attach(key, member):
-            await client.serve()
-    finally:
-        await client.close(None)
+    resp = await sse.begin(request, headers, opening)
+    client = CompatClient(gw, request, resp, principal.user, projection, framing,
+                          ticket=ticket, issued_at=principal.issued_at)  # fmt: skip
+    await client.follow("run", run_id, after)
     return resp
 
 

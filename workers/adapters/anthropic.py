@@ -32,7 +32,7 @@ from workers.model import (
     Usage,
 )
 
-from ._sse import ErrorInfo, SSEClient, SSEEvent, Timeouts, malformed, stream_error
+from .sse import ErrorInfo, SSEClient, SSEEvent, Timeouts, malformed, stream_error
 
 # -- request (what we send)
 

@@ -37,7 +37,7 @@ from workers.model import (
     Usage,
 )
 
-from ._sse import ErrorInfo, SSEClient, SSEEvent, Timeouts, clean_message, malformed, stream_error
+from .sse import ErrorInfo, SSEClient, SSEEvent, Timeouts, clean_message, malformed, stream_error
 
 # -- request (what we send)
 

@@ -90,7 +90,7 @@ from ag_ui.core import (
 )
 
 from broker.events import RiskLevel, ToolStatus
-from workers.adapters._sse import SSEClient, SSEEvent, Timeouts, clean_message
+from workers.adapters.sse import SSEClient, SSEEvent, Timeouts, clean_message
 from workers.api import AgentContext, AgentError, ChatMessage, Decision
 from workers.model import ModelError
 

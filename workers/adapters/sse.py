@@ -1,5 +1,6 @@
 """Server-sent events from model providers: an incremental parser (pure) and
-the thin HTTP shell both adapters share.
+the thin HTTP shell both adapters share (and the AG-UI bridge,
+workers/frameworks/agui.py, for its upstream).
 
 `SSEParser` follows the WHATWG event-stream rules (CRLF, LF or CR line ends,
 `:` comments, multi-line `data` joined with LF, a leading BOM ignored) with
