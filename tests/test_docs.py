@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -176,6 +177,11 @@ class Reader:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def reader(settings: Settings, stack: Stack, tmp_path: Path) -> AsyncIterator[Reader]:
+    missing = [tool for tool in ("bash", "curl", "jq", "node") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"the docs' quickstarts need {', '.join(missing)} (`make test` installs jq)")
+    if not (ROOT / "tests" / "clients" / "node_modules").is_dir():
+        pytest.fail("tests/clients/node_modules is missing: `make test` installs it (npm ci)")
     folder = tmp_path / "app"
     (folder / ".runlog").mkdir(parents=True)
     venv = Path(sys.executable).parent.parent
