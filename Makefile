@@ -9,6 +9,8 @@ RUN_STAMP := $(VENV)/.installed-run
 # The browser tests drive Debian's chromium (a test tool's own browser download
 # cannot work here); installed once, quietly, if missing (CI runs as root).
 CHROMIUM := /usr/bin/chromium
+# The docs' shell quickstarts use jq (tests/test_docs.py runs them).
+JQ := /usr/bin/jq
 
 .PHONY: run test check lint bench bench-scale fuzz clean vendor
 # The real JavaScript clients the compat projections are tested with (pinned
@@ -18,6 +20,10 @@ CLIENTS := tests/clients/node_modules/.installed
 $(CHROMIUM):
 	@echo "installing chromium for the browser tests (apt-get)"
 	@apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+$(JQ):
+	@echo "installing jq for the docs' quickstarts (apt-get)"
+	@apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,7 +50,7 @@ run: $(RUN_STAMP)
 vendor:
 	node gateway/static/vendor/build.mjs
 
-test: $(STAMP) $(CLIENTS) | $(CHROMIUM)
+test: $(STAMP) $(CLIENTS) | $(CHROMIUM) $(JQ)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
