@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -136,15 +137,18 @@ def _main(argv: list[str] | None) -> None:
         else:
             _print_settings()
         return
-    settings = Settings.from_args(args)
-    if args.command in ("migrate", "revoke", "tail", "prune"):
-        from . import stack
-
-        settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
-    if args.command in ("up", "worker") and settings.agent:
-        sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
     logged = False  # whether errors go through the configured log (json) or print
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
+        settings = Settings.from_args(args)
+        _check_data_dir(settings)
+        if args.command in ("migrate", "revoke", "tail", "prune"):
+            from . import stack
+
+            settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
+        _check_database_url(settings)
+        if args.command in ("up", "worker") and settings.agent:
+            sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
         logformat.configure(settings.log_level, settings.log_format)
         logged = settings.log_format == "json"
         if args.command == "migrate":
@@ -175,6 +179,7 @@ def _main(argv: list[str] | None) -> None:
             urls = args.url or stack.gateway_urls(settings)
             _tail(tail_mod.tail(urls, token, args.run_id, args.after))
         elif args.command == "prune":
+            _check_prune(args.older_than_days, args.batch_events)
             asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))
         elif args.command == "token":
             print(_mint(settings, args.user, args.ttl_s))
@@ -183,6 +188,9 @@ def _main(argv: list[str] | None) -> None:
         elif args.command == "up":
             from . import up
 
+            if args.gateways < 1 or args.workers < 0:
+                which = "--gateways must be 1" if args.gateways < 1 else "--workers must be 0"
+                raise errors.ClientError(f"{which} or more")
             _check_agent(settings)
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
@@ -234,7 +242,10 @@ async def _prune(
 
     if not settings.database_url:
         raise errors.ClientError("RUNLOG_DATABASE_URL is not set")
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e
     try:
         report = await retention.prune(
             pool,
@@ -318,6 +329,41 @@ def _mint(settings: Settings, user: str, ttl_s: float | None) -> str:
             file=sys.stderr,
         )
     return token
+
+
+def _check_utf8(argv: list[str]) -> None:
+    # A byte that is not UTF-8 reaches Python as a lone surrogate: a user id or
+    # run id no token, URL or PostgreSQL text can carry.
+    for arg in argv:
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            shown = arg.encode(errors="surrogateescape").decode(errors="replace")
+            raise errors.ClientError(f"the argument {shown!r} is not UTF-8") from None
+
+
+def _check_data_dir(settings: Settings) -> None:
+    if settings.data_dir.exists() and not settings.data_dir.is_dir():
+        raise errors.InvalidSetting("data_dir", str(settings.data_dir), "is not a folder")
+
+
+def _check_database_url(settings: Settings) -> None:
+    """A URL asyncpg cannot parse, told before connecting (its scheme only:
+    the rest may hold a password)."""
+    url = settings.database_url
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        scheme = url.partition("://")[0] if "://" in url else "(no scheme)"
+        raise errors.InvalidSetting(
+            "database_url", scheme, "is not postgresql:// (postgresql://user@host:port/db)"
+        )
+
+
+def _check_prune(older_than_days: float, batch_events: int | None) -> None:
+    # A negative age is a cutoff in the future: every ended run, also one ended now.
+    if not (math.isfinite(older_than_days) and older_than_days >= 0):
+        raise errors.ClientError(f"--older-than-days must be 0 or more, not {older_than_days}")
+    if batch_events is not None and batch_events < 1:
+        raise errors.ClientError(f"--batch-events must be 1 or more, not {batch_events}")
 
 
 def _need_urls(settings: Settings) -> None:
