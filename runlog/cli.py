@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import functools
 import logging
-import math
 import os
 import signal
 import sys
@@ -140,6 +139,8 @@ def _main(argv: list[str] | None) -> None:
     logged = False  # whether errors go through the configured log (json) or print
     try:
         _check_utf8(sys.argv[1:] if argv is None else argv)
+        if getattr(args, "user", None) == "":
+            raise errors.ClientError("--user must not be empty")
         settings = Settings.from_args(args)
         _check_data_dir(settings)
         if args.command in ("migrate", "revoke", "tail", "prune"):
@@ -164,6 +165,8 @@ def _main(argv: list[str] | None) -> None:
                 sys.exit(asyncio.run(group.run(settings, processes)))
             asyncio.run(gateway_main.run(settings))
         elif args.command == "worker":
+            if args.concurrency is not None and args.concurrency < 1:
+                raise errors.ClientError(f"--concurrency must be 1 or more, not {args.concurrency}")
             _check_agent(settings)
             asyncio.run(_worker(settings, args.concurrency))
         elif args.command == "tail":
@@ -191,6 +194,14 @@ def _main(argv: list[str] | None) -> None:
             if args.gateways < 1 or args.workers < 0:
                 which = "--gateways must be 1" if args.gateways < 1 else "--workers must be 0"
                 raise errors.ClientError(f"{which} or more")
+            from . import stack
+
+            running = stack.read(settings.data_dir)
+            if running is not None:
+                raise errors.ClientError(
+                    f"a runlog up (pid {running.pid}) is running on {settings.data_dir} already",
+                    hint="stop it (Ctrl-C), or give this one another --data-dir",
+                )
             _check_agent(settings)
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
@@ -358,10 +369,15 @@ def _check_database_url(settings: Settings) -> None:
         )
 
 
+_MAX_DAYS = 365_000  # a thousand years (a cutoff before 4713 BC is past PostgreSQL's range)
+
+
 def _check_prune(older_than_days: float, batch_events: int | None) -> None:
     # A negative age is a cutoff in the future: every ended run, also one ended now.
-    if not (math.isfinite(older_than_days) and older_than_days >= 0):
-        raise errors.ClientError(f"--older-than-days must be 0 or more, not {older_than_days}")
+    if not (0 < older_than_days <= _MAX_DAYS):  # also nan
+        raise errors.ClientError(
+            f"--older-than-days must be more than 0 and at most {_MAX_DAYS}, not {older_than_days}"
+        )
     if batch_events is not None and batch_events < 1:
         raise errors.ClientError(f"--batch-events must be 1 or more, not {batch_events}")
 

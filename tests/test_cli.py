@@ -5,15 +5,21 @@ without a traceback (real processes)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from broker.settings import Settings
 from broker.sockets import bind_free_port
+from runlog import stack
+
+from .gw import running_gateway
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ["up", "migrate", "gateway", "worker", "token", "revoke", "tail", "prune", "settings"]
@@ -113,13 +119,15 @@ def test_a_database_url_that_is_not_one_is_one_line(tmp_path: Path, command: lis
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("--older-than-days", "-1"), ("--older-than-days", "nan"), ("--older-than-days", "inf"),
-     ("--batch-events", "0"), ("--batch-events", "-3")],
+    [("--older-than-days", "-1"), ("--older-than-days", "0"), ("--older-than-days", "nan"),
+     ("--older-than-days", "inf"), ("--older-than-days", "1e300"), ("--batch-events", "0"),
+     ("--batch-events", "-3")],
 )  # fmt: skip
 def test_prune_refuses_a_cutoff_or_batch_it_cannot_use_before_connecting(
     tmp_path: Path, closed_port: int, option: str, value: str
 ) -> None:
-    # -1 days would be a cutoff in the future: every ended run, also the one ended now.
+    # -1 days would be a cutoff in the future: every ended run, also the one ended now;
+    # 1e300 a cutoff PostgreSQL cannot compute (a NumericValueOutOfRangeError traceback).
     args = {"--older-than-days": "30", "--batch-events": "100", option: value}
     url = f"postgresql://127.0.0.1:{closed_port}/runlog"
     done = _runlog(
@@ -155,3 +163,57 @@ def test_an_argument_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     done = _runlog(tmp_path, "token", "--user", b"al\xffce")
     assert_refused(done, "bad_request", "is not UTF-8")
     assert done.stdout == ""
+
+
+def test_tail_of_an_unreachable_gateway_is_one_line_at_once(
+    tmp_path: Path, closed_port: int
+) -> None:
+    # It tried 50 times over about two minutes, silent, before saying so.
+    url = f"http://127.0.0.1:{closed_port}"
+    started = time.monotonic()
+    done = _runlog(tmp_path, "tail", "r_x", "--token", "t", "--url", url)
+    assert_refused(done, "unreachable", f"no gateway of {url} answered in 5 attempts")
+    assert time.monotonic() - started < 20
+
+
+def test_up_on_the_data_folder_of_a_running_up_is_one_line(
+    tmp_path: Path, closed_port: int
+) -> None:
+    # A live pid in its up.json (this test's): the second `runlog up` failed with a
+    # traceback, 'another postgres (pid ...) is running on .runlog/postgres'.
+    (tmp_path / ".runlog").mkdir()
+    stack.write(tmp_path / ".runlog", stack.Running(pid=os.getpid(), nats_url="nats://x:1",
+                database_url="postgresql://x:1/db", gateway_urls=[]))  # fmt: skip
+    done = _runlog(tmp_path, "up", "--gateway-port", str(closed_port))
+    assert_refused(done, "bad_request", f"a runlog up (pid {os.getpid()}) is running on .runlog")
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_worker_refuses_a_concurrency_below_one(
+    tmp_path: Path, closed_port: int, value: str
+) -> None:
+    # -1 ran one at a time and 0 the default, silently.
+    done = _runlog(tmp_path, "worker", "--concurrency", value, "--nats-url",
+                   f"nats://127.0.0.1:{closed_port}", "--database-url",
+                   f"postgresql://127.0.0.1:{closed_port}/runlog")  # fmt: skip
+    assert_refused(done, "bad_request", "--concurrency must be 1 or more")
+
+
+def test_an_empty_user_is_refused(tmp_path: Path) -> None:
+    done = _runlog(tmp_path, "token", "--user", "")  # minted a token for user ''
+    assert_refused(done, "bad_request", "--user must not be empty")
+    assert done.stdout == ""
+
+
+async def test_tail_with_a_token_the_gateway_refuses_says_so_at_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # It took the 401 of the upgrade for an unreachable gateway, 50 times over.
+    async with running_gateway(settings) as gw:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runlog.cli", "tail", "r_x", "--url", gw.url, "--token", "no",
+            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert (proc.returncode, out, err.decode().splitlines()) == (
+        2, b"", ["runlog: error [unauthorized]: the gateway refused the token (unauthorized)"])  # fmt: skip
