@@ -143,7 +143,7 @@ def _main(argv: list[str] | None) -> None:
             raise errors.ClientError("--user must not be empty")
         settings = Settings.from_args(args)
         _check_data_dir(settings)
-        if args.command in ("migrate", "revoke", "tail", "prune"):
+        if args.command in ("migrate", "revoke", "tail", "prune", "worker", "gateway"):
             from . import stack
 
             settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
