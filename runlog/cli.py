@@ -351,6 +351,12 @@ def _check_utf8(argv: list[str]) -> None:
         except UnicodeEncodeError:
             shown = arg.encode(errors="surrogateescape").decode(errors="replace")
             raise errors.ClientError(f"the argument {shown!r} is not UTF-8") from None
+    for name, value in os.environ.items():
+        if name.startswith("RUNLOG_"):
+            try:
+                value.encode()
+            except UnicodeEncodeError:  # its value not shown: it may be a secret
+                raise errors.ClientError(f"the variable {name} is not UTF-8") from None
 
 
 def _check_data_dir(settings: Settings) -> None:

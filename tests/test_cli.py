@@ -163,6 +163,10 @@ def test_an_argument_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     done = _runlog(tmp_path, "token", "--user", b"al\xffce")
     assert_refused(done, "bad_request", "is not UTF-8")
     assert done.stdout == ""
+    # Nor a setting's variable (UnicodeEncodeError traceback).
+    done = _runlog(tmp_path, "migrate", RUNLOG_DATABASE_URL="postgresql://\udcff")
+    assert_refused(done, "bad_request", "the variable RUNLOG_DATABASE_URL is not UTF-8")
+    assert "postgresql" not in done.stderr
 
 
 def test_tail_of_an_unreachable_gateway_is_one_line_at_once(
