@@ -379,7 +379,8 @@ _MAX_DAYS = 365_000  # a thousand years (a cutoff before 4713 BC is past Postgre
 
 
 def _check_prune(older_than_days: float, batch_events: int | None) -> None:
-    # A negative age is a cutoff in the future: every ended run, also one ended now.
+    # Before connecting (retention.prune refuses an age of 0 or less too, once
+    # connected); nan, inf and over _MAX_DAYS reached PostgreSQL.
     if not (0 < older_than_days <= _MAX_DAYS):  # also nan
         raise errors.ClientError(
             f"--older-than-days must be more than 0 and at most {_MAX_DAYS}, not {older_than_days}"

@@ -126,8 +126,9 @@ def test_a_database_url_that_is_not_one_is_one_line(tmp_path: Path, command: lis
 def test_prune_refuses_a_cutoff_or_batch_it_cannot_use_before_connecting(
     tmp_path: Path, closed_port: int, option: str, value: str
 ) -> None:
-    # -1 days would be a cutoff in the future: every ended run, also the one ended now;
-    # 1e300 a cutoff PostgreSQL cannot compute (a NumericValueOutOfRangeError traceback).
+    # -1 and 0 days were refused only once connected (retention.prune), here after
+    # the unreachable PostgreSQL's traceback; nan, inf and 1e300 reached PostgreSQL
+    # (1e300: a NumericValueOutOfRangeError traceback).
     args = {"--older-than-days": "30", "--batch-events": "100", option: value}
     url = f"postgresql://127.0.0.1:{closed_port}/runlog"
     done = _runlog(
