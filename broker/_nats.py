@@ -35,38 +35,130 @@ flush could return before a SUB made just before it reached the server: a
 message another connection published "after" was dropped (about 1 in 100 on
 loopback). `Client` queues the PING behind the pending data instead
 (tests/test_notices.py, a notice right after subscribing).
+
+Each private name used here is a `Guard` below, checked when this module is
+imported (broker/_contract.py), and has a contract test against a real NATS
+(tests/test_dependency_contracts.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Callable
 
 from nats import errors
-from nats.aio.client import PING_PROTO
+from nats.aio import client as _client
 from nats.aio.client import Client as _NatsClient
 from nats.aio.subscription import Subscription
-from nats.protocol.command import hpub_cmd
+from nats.protocol import command as _command
+from nats.protocol.parser import Parser
+
+from ._contract import Guard, check, params, uses
 
 log = logging.getLogger(__name__)
 
-assert list(inspect.signature(_NatsClient._process_msg).parameters) == [
-    "self", "sid", "subject", "reply", "data", "headers"
-], "nats-py changed Client._process_msg"  # fmt: skip
-assert list(inspect.signature(_NatsClient._remove_sub).parameters) == [
-    "self", "sid", "max_msgs"
-], "nats-py changed Client._remove_sub"  # fmt: skip
-assert list(inspect.signature(_NatsClient._send_ping).parameters) == [
-    "self", "future"
-], "nats-py changed Client._send_ping"  # fmt: skip
-assert list(inspect.signature(_NatsClient._send_command).parameters) == [
-    "self", "cmd", "priority"
-], "nats-py changed Client._send_command"  # fmt: skip
-assert list(inspect.signature(_NatsClient._flush_pending).parameters) == [
-    "self", "force_flush"
-], "nats-py changed Client._flush_pending"  # fmt: skip
+# The nats-py release these names were read from: the pin in pyproject.toml
+# (nats-py~=TESTED) and the version the contract tests ran against.
+TESTED = "2.16.0"
+
+
+def _guards() -> tuple[Guard, ...]:
+    fresh = _NatsClient()  # no I/O: the state a client starts in
+    return (
+        Guard(
+            "Client._process_msg",
+            "(self, sid, subject, reply, data, headers), awaited by Parser.parse",
+            lambda: (
+                params(_NatsClient._process_msg)
+                == ["self", "sid", "subject", "reply", "data", "headers"]
+                and uses(Parser.parse, "_process_msg")
+            ),
+        ),
+        Guard(
+            "Client._remove_sub",
+            "(self, sid, max_msgs), called by Subscription.unsubscribe",
+            lambda: (
+                params(_NatsClient._remove_sub) == ["self", "sid", "max_msgs"]
+                and uses(Subscription.unsubscribe, "_remove_sub")
+            ),
+        ),
+        Guard(
+            "Client._send_ping",
+            "(self, future), the way flush() sends its PING",
+            lambda: (
+                params(_NatsClient._send_ping) == ["self", "future"]
+                and uses(_NatsClient.flush, "_send_ping")
+            ),
+        ),
+        Guard(
+            "Client._send_command",
+            "(self, cmd, priority), queueing bytes for the flusher",
+            lambda: params(_NatsClient._send_command) == ["self", "cmd", "priority"],
+        ),
+        Guard(
+            "Client._flush_pending",
+            "(self, force_flush), kicking the flusher",
+            lambda: params(_NatsClient._flush_pending) == ["self", "force_flush"],
+        ),
+        Guard(
+            "Client._pongs",
+            "the list of futures waiting for a PONG, popped by Client._process_pong",
+            lambda: fresh._pongs == [] and uses(_NatsClient._process_pong, "_pongs"),
+        ),
+        Guard(
+            "Client._subs",
+            "a dict of the subscriptions by id",
+            lambda: type(fresh._subs) is dict and not fresh._subs,
+        ),
+        Guard(
+            "Client._flush_queue",
+            "None until connect, then the flusher's queue",
+            lambda: fresh._flush_queue is None and uses(_NatsClient._flusher, "_flush_queue"),
+        ),
+        Guard(
+            "Client._max_pending_size",
+            "an int, the connect option pending_size",
+            lambda: type(fresh._max_pending_size) is int,
+        ),
+        Guard(
+            "Client._pending_data_size",
+            "an int, the bytes waiting for the flusher",
+            lambda: type(fresh._pending_data_size) is int,
+        ),
+        Guard(
+            "Client._max_payload",
+            "an int, the server's max_payload",
+            lambda: type(fresh._max_payload) is int,
+        ),
+        Guard(
+            "Client.stats",
+            "a dict counting in_msgs, in_bytes, out_msgs, out_bytes",
+            lambda: {"in_msgs", "in_bytes", "out_msgs", "out_bytes"} <= fresh.stats.keys(),
+        ),
+        Guard(
+            "Subscription._id",
+            "the subscription's id, the key of Client._subs",
+            lambda: uses(Subscription.__init__, "_id"),
+        ),
+        Guard(
+            "nats.aio.client.PING_PROTO",
+            "the bytes of a PING",
+            lambda: _client.PING_PROTO == b"PING\r\n",
+        ),
+        Guard(
+            "nats.protocol.command.hpub_cmd",
+            "(subject, reply, hdr, payload), an HPUB's bytes",
+            lambda: params(_command.hpub_cmd) == ["subject", "reply", "hdr", "payload"],
+        ),
+    )
+
+
+GUARDS = _guards()
+check("nats-py", TESTED, GUARDS)
+
+PING_PROTO: bytes = _client.PING_PROTO
+hpub_cmd = _command.hpub_cmd
 
 # A reply subscription's handler: (subject, data, raw headers or None).
 ReplyHandler = Callable[[bytes, bytes, "bytes | None"], None]
@@ -77,7 +169,6 @@ class Client(_NatsClient):
 
     def __init__(self) -> None:
         super().__init__()
-        assert isinstance(self._subs, dict) and "in_msgs" in self.stats, "nats-py changed Client"
         self._direct: dict[int, Callable[[bytes], None]] = {}
         self._replies: dict[int, ReplyHandler] = {}
 
@@ -87,7 +178,6 @@ class Client(_NatsClient):
         """Subscribe `subject`; each message's payload goes to `handler(data)`
         from the connection's reader, in order. Undo with `sub.unsubscribe()`."""
         sub = await self.subscribe(subject)
-        assert isinstance(sub._id, int) and self._subs.get(sub._id) is sub, "nats-py changed"
         self._direct[sub._id] = handler
         return sub
 
@@ -95,7 +185,6 @@ class Client(_NatsClient):
         """Like `subscribe_direct`, for replies: `handler(subject, data, headers)`,
         headers raw (a status line such as `NATS/1.0 503` for no responders)."""
         sub = await self.subscribe(subject)
-        assert isinstance(sub._id, int) and self._subs.get(sub._id) is sub, "nats-py changed"
         self._replies[sub._id] = handler
         return sub
 

@@ -67,7 +67,10 @@ def load(directory: Path | None = None) -> list[Migration]:
 async def apply(dsn: str, directory: Path | None = None) -> list[Migration]:
     """Apply pending migrations; return the ones applied now."""
     migrations = load(directory)
-    conn = await asyncpg.connect(dsn)
+    try:
+        conn = await asyncpg.connect(dsn)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
         try:

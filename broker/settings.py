@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import errors
+
 ENV_PREFIX = "RUNLOG_"
 # jwt_secret's default, public by definition: gateways refuse it unless they
 # listen on loopback only, and `runlog up` replaces it (runlog/secret.py).
@@ -493,6 +495,7 @@ def markdown() -> str:
 
 def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
     typ = f.type if isinstance(f.type, str) else f.type.__name__
+    why = {"int": "is not an integer", "float": "is not a number"}.get(typ, "is not true or false")
     try:
         if typ == "int":
             return int(raw)
@@ -507,5 +510,5 @@ def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
         if typ == "Path":
             return Path(raw)
     except ValueError as e:
-        raise SystemExit(f"runlog: bad value for {ENV_PREFIX}{f.name.upper()}: {raw!r}") from e
+        raise errors.InvalidSetting(f.name, raw, why) from e
     return raw

@@ -23,6 +23,10 @@ came in on an upgraded connection, which is what aiohttp's own heartbeat
 learns through the `data_received_cb` its `WebSocketResponse` gives
 `RequestHandler.set_parser`: with `heartbeat=None` it gives none, and
 `on_data_received` sets the handler's `_data_received_cb` slot afterwards.
+
+Each private name used here is a `Guard` below, checked when this module is
+imported (broker/_contract.py), and has a contract test against a real
+server (tests/test_dependency_contracts.py).
 """
 
 from __future__ import annotations
@@ -37,13 +41,57 @@ from aiohttp import http_exceptions, web
 from aiohttp.base_protocol import BaseProtocol
 
 from broker import errors
+from broker._contract import Guard, check, incompatible, params, uses
 
-assert callable(getattr(BaseProtocol, "_drain_helper", None)), "aiohttp changed its flow control"
-assert callable(getattr(web.AppRunner, "_make_server", None)), "aiohttp changed its runner"
-assert "_data_received_cb" in web.RequestHandler.__slots__, "aiohttp changed its data callback"
-assert list(inspect.signature(web.RequestHandler.handle_error).parameters) == [
-    "self", "request", "status", "exc", "message"
-], "aiohttp changed RequestHandler.handle_error"  # fmt: skip
+# The aiohttp release these names were read from: the pin in pyproject.toml
+# (aiohttp~=TESTED) and the version the contract tests ran against.
+TESTED = "3.14.5"
+
+GUARDS = (
+    Guard(
+        "BaseProtocol._drain_helper",
+        "a coroutine method (self) waiting until the transport takes writes",
+        lambda: (
+            inspect.iscoroutinefunction(BaseProtocol._drain_helper)
+            and params(BaseProtocol._drain_helper) == ["self"]
+        ),
+    ),
+    Guard(
+        "AppRunner._make_server",
+        "a coroutine method (self) building the Server, called by BaseRunner.setup",
+        lambda: (
+            inspect.iscoroutinefunction(web.AppRunner._make_server)
+            and params(web.AppRunner._make_server) == ["self"]
+            and uses(web.BaseRunner.setup, "_make_server")
+        ),
+    ),
+    Guard(
+        "Server._loop and Server._kwargs",
+        "set by Server.__init__, passed by Server.__call__ to RequestHandler(self, loop=...)",
+        lambda: (
+            uses(web.Server.__init__, "_loop", "_kwargs")
+            and uses(web.Server.__call__, "_loop", "_kwargs", "RequestHandler")
+            and params(web.RequestHandler.__init__)[:3] == ["self", "manager", "loop"]
+        ),
+    ),
+    Guard(
+        "RequestHandler._data_received_cb",
+        "a slot called by RequestHandler.data_received for an upgraded connection's bytes",
+        lambda: (
+            "_data_received_cb" in web.RequestHandler.__slots__
+            and uses(web.RequestHandler.data_received, "_data_received_cb")
+        ),
+    ),
+    Guard(
+        "RequestHandler.handle_error",
+        "(self, request, status, exc, message), answering the parser's refusals",
+        lambda: (
+            params(web.RequestHandler.handle_error)
+            == ["self", "request", "status", "exc", "message"]
+        ),
+    ),
+)
+check("aiohttp", TESTED, GUARDS)
 
 log = logging.getLogger("gateway.http")
 
@@ -128,7 +176,10 @@ class AppRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        assert type(server) is web.Server and hasattr(server, "_kwargs"), type(server)
+        if type(server) is not web.Server:  # the class _Server stands in for
+            raise incompatible(
+                "aiohttp", TESTED, "AppRunner._make_server", "returning a web.Server"
+            )
         server.__class__ = _Server
         return server
 

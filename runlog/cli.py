@@ -136,15 +136,20 @@ def _main(argv: list[str] | None) -> None:
         else:
             _print_settings()
         return
-    settings = Settings.from_args(args)
-    if args.command in ("migrate", "revoke", "tail", "prune"):
-        from . import stack
-
-        settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
-    if args.command in ("up", "worker") and settings.agent:
-        sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
     logged = False  # whether errors go through the configured log (json) or print
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
+        if getattr(args, "user", None) == "":
+            raise errors.ClientError("--user must not be empty")
+        settings = Settings.from_args(args)
+        _check_data_dir(settings)
+        if args.command in ("migrate", "revoke", "tail", "prune", "worker", "gateway"):
+            from . import stack
+
+            settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
+        _check_database_url(settings)
+        if args.command in ("up", "worker") and settings.agent:
+            sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
         logformat.configure(settings.log_level, settings.log_format)
         logged = settings.log_format == "json"
         if args.command == "migrate":
@@ -160,6 +165,8 @@ def _main(argv: list[str] | None) -> None:
                 sys.exit(asyncio.run(group.run(settings, processes)))
             asyncio.run(gateway_main.run(settings))
         elif args.command == "worker":
+            if args.concurrency is not None and args.concurrency < 1:
+                raise errors.ClientError(f"--concurrency must be 1 or more, not {args.concurrency}")
             _check_agent(settings)
             asyncio.run(_worker(settings, args.concurrency))
         elif args.command == "tail":
@@ -175,6 +182,7 @@ def _main(argv: list[str] | None) -> None:
             urls = args.url or stack.gateway_urls(settings)
             _tail(tail_mod.tail(urls, token, args.run_id, args.after))
         elif args.command == "prune":
+            _check_prune(args.older_than_days, args.batch_events)
             asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))
         elif args.command == "token":
             print(_mint(settings, args.user, args.ttl_s))
@@ -183,6 +191,17 @@ def _main(argv: list[str] | None) -> None:
         elif args.command == "up":
             from . import up
 
+            if args.gateways < 1 or args.workers < 0:
+                which = "--gateways must be 1" if args.gateways < 1 else "--workers must be 0"
+                raise errors.ClientError(f"{which} or more")
+            from . import stack
+
+            running = stack.read(settings.data_dir)
+            if running is not None:
+                raise errors.ClientError(
+                    f"a runlog up (pid {running.pid}) is running on {settings.data_dir} already",
+                    hint="stop it (Ctrl-C), or give this one another --data-dir",
+                )
             _check_agent(settings)
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
@@ -234,7 +253,10 @@ async def _prune(
 
     if not settings.database_url:
         raise errors.ClientError("RUNLOG_DATABASE_URL is not set")
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    try:
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e
     try:
         report = await retention.prune(
             pool,
@@ -318,6 +340,53 @@ def _mint(settings: Settings, user: str, ttl_s: float | None) -> str:
             file=sys.stderr,
         )
     return token
+
+
+def _check_utf8(argv: list[str]) -> None:
+    # A byte that is not UTF-8 reaches Python as a lone surrogate: a user id or
+    # run id no token, URL or PostgreSQL text can carry.
+    for arg in argv:
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            shown = arg.encode(errors="surrogateescape").decode(errors="replace")
+            raise errors.ClientError(f"the argument {shown!r} is not UTF-8") from None
+    for name, value in os.environ.items():
+        if name.startswith("RUNLOG_"):
+            try:
+                value.encode()
+            except UnicodeEncodeError:  # its value not shown: it may be a secret
+                raise errors.ClientError(f"the variable {name} is not UTF-8") from None
+
+
+def _check_data_dir(settings: Settings) -> None:
+    if settings.data_dir.exists() and not settings.data_dir.is_dir():
+        raise errors.InvalidSetting("data_dir", str(settings.data_dir), "is not a folder")
+
+
+def _check_database_url(settings: Settings) -> None:
+    """A URL asyncpg cannot parse, told before connecting (its scheme only:
+    the rest may hold a password)."""
+    url = settings.database_url
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        scheme = url.partition("://")[0] if "://" in url else "(no scheme)"
+        raise errors.InvalidSetting(
+            "database_url", scheme, "is not postgresql:// (postgresql://user@host:port/db)"
+        )
+
+
+_MAX_DAYS = 365_000  # a thousand years (a cutoff before 4713 BC is past PostgreSQL's range)
+
+
+def _check_prune(older_than_days: float, batch_events: int | None) -> None:
+    # Before connecting (retention.prune refuses an age of 0 or less too, once
+    # connected); nan, inf and over _MAX_DAYS reached PostgreSQL.
+    if not (0 < older_than_days <= _MAX_DAYS):  # also nan
+        raise errors.ClientError(
+            f"--older-than-days must be more than 0 and at most {_MAX_DAYS}, not {older_than_days}"
+        )
+    if batch_events is not None and batch_events < 1:
+        raise errors.ClientError(f"--batch-events must be 1 or more, not {batch_events}")
 
 
 def _need_urls(settings: Settings) -> None:

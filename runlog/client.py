@@ -17,7 +17,8 @@ non-retryable error (raised as `ClientError`, also when the server ends the
 subscription because the user's access to the session ended: `forbidden`), a
 disconnect saying not to
 come back (`Unrecoverable`), or `max_reconnects` attempts in a row that
-never got subscribed (`ConnectionError`). A run's stream ends after `run_end`.
+never got subscribed (`ConnectionError`; `max_first_attempts` before the
+first subscription, for a command a user waits on). A run's stream ends after `run_end`.
 
 REST calls do not retry: a failure is a `ClientError` whose `retryable` says
 whether the same call may work later.
@@ -85,6 +86,7 @@ class Client:
         *,
         session: aiohttp.ClientSession | None = None,
         max_reconnects: int = 50,
+        max_first_attempts: int | None = None,
     ) -> None:
         self.base_urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         self.token = token
@@ -92,6 +94,9 @@ class Client:
         self._own_http = session is None
         self._current = 0
         self.max_reconnects = max_reconnects  # in a row, without getting subscribed
+        # Before a follow was first subscribed (None: as max_reconnects): a
+        # command a user waits on tells at once that no gateway answers.
+        self.max_first_attempts = max_first_attempts
         self.reconnects = 0  # in all, for this client's life
         # Why they happened: a server's code, or the transport error's type.
         self.reconnect_reasons: Counter[str] = Counter()
@@ -204,6 +209,7 @@ class Client:
         cursor = after
         backoff = Backoff()
         failures = 0  # attempts in a row that did not get subscribed
+        subscribed_once = False
         while True:
             conn = _Connection()
             try:
@@ -221,8 +227,18 @@ class Client:
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
                 reason = type(e).__name__
             failures = 0 if conn.subscribed else failures + 1
+            subscribed_once = subscribed_once or conn.subscribed
             self.reconnects += 1
             self.reconnect_reasons[reason] += 1
+            if (
+                not subscribed_once
+                and self.max_first_attempts is not None
+                and failures >= self.max_first_attempts
+            ):
+                raise ConnectionError(
+                    f"no gateway of {', '.join(self.base_urls)} answered in {failures} "
+                    f"attempts (last: {reason})"
+                )
             if failures > self.max_reconnects:
                 raise ConnectionError(
                     f"gave up after {self.max_reconnects} reconnects in a row (last: {reason})"
@@ -235,7 +251,15 @@ class Client:
     ) -> AsyncIterator[Received]:
         url = self.base_url.replace("http", "ws", 1) + "/v1/ws"
         headers = {"Authorization": f"Bearer {self.token}"}
-        async with self.http.ws_connect(url, headers=headers, heartbeat=20) as ws:
+        try:
+            ws_cm = await self.http.ws_connect(url, headers=headers, heartbeat=20)
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status in (401, 403):  # the token: trying again will not change it
+                code = "unauthorized" if e.status == 401 else "forbidden"
+                body = {"code": code, "message": f"the gateway refused the token ({code})"}
+                raise ClientError(e.status, code, body["message"], body) from e
+            raise
+        async with ws_cm as ws:
             await ws.send_str(json.dumps({**sub, "after": cursor}))
             async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:

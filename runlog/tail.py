@@ -74,6 +74,8 @@ class Printer:
 
 async def tail(base_urls: list[str], token: str, run_id: str, after: int) -> None:
     printer = Printer(sys.stdout, sys.stdout.isatty())
-    async with Client(base_urls, token) as c:
+    # A few tries of each gateway before the first subscription (one that is
+    # restarting answers within them); patient resumes after it.
+    async with Client(base_urls, token, max_first_attempts=5 * len(base_urls)) as c:
         async for item in c.follow(run_id=run_id, after=after):
             printer.event(item.cursor, item.event)

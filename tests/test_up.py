@@ -519,6 +519,25 @@ async def test_commands_that_need_the_stack_find_it_by_runlog_ups_data_folder(up
     assert err.splitlines()[-1].startswith("runlog: error [not_a_member]"), err
 
 
+async def test_a_worker_beside_up_finds_the_stack_by_its_data_folder(up: Up) -> None:
+    """`runlog worker` (more workers, or one with another agent) needs the stack
+    too: it had 'RUNLOG_NATS_URL and RUNLOG_DATABASE_URL must be set'."""
+    env = _clean_env(RUNLOG_DATA_DIR=str(up.data_dir), RUNLOG_WORKER_METRICS_PORT="0")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlog.cli", "worker",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert line.startswith(b"runlog worker ") and b" ready" in line, line
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err
+
+
 async def test_a_second_up_on_the_same_folder_reuses_its_secret(up: Up) -> None:
     secret = up.secret_path.read_text()
     old_console = await up.console_token()
