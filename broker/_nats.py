@@ -37,7 +37,7 @@ loopback). `Client` queues the PING behind the pending data instead
 (tests/test_notices.py, a notice right after subscribing).
 
 Each private name used here is a `Guard` below, checked when this module is
-imported (broker/_contract.py), and has a contract test against a real NATS
+imported (broker/contract.py), and has a contract test against a real NATS
 (tests/test_dependency_contracts.py).
 """
 
@@ -54,7 +54,7 @@ from nats.aio.subscription import Subscription
 from nats.protocol import command as _command
 from nats.protocol.parser import Parser
 
-from ._contract import Guard, check, params, uses
+from .contract import Guard, check, params, uses
 
 log = logging.getLogger(__name__)
 

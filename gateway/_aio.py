@@ -25,7 +25,7 @@ learns through the `data_received_cb` its `WebSocketResponse` gives
 `on_data_received` sets the handler's `_data_received_cb` slot afterwards.
 
 Each private name used here is a `Guard` below, checked when this module is
-imported (broker/_contract.py), and has a contract test against a real
+imported (broker/contract.py), and has a contract test against a real
 server (tests/test_dependency_contracts.py).
 """
 
@@ -41,7 +41,7 @@ from aiohttp import http_exceptions, web
 from aiohttp.base_protocol import BaseProtocol
 
 from broker import errors
-from broker._contract import Guard, check, incompatible, params, uses
+from broker.contract import Guard, check, incompatible, params, uses
 
 # The aiohttp release these names were read from: the pin in pyproject.toml
 # (aiohttp~=TESTED) and the version the contract tests ran against.

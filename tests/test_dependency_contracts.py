@@ -19,7 +19,7 @@ import nats
 import pytest
 from aiohttp import web
 
-from broker import _contract, _nats
+from broker import _nats, contract
 from broker.sockets import bind_free_port
 from gateway import _aio
 
@@ -123,14 +123,14 @@ def test_a_broken_name_is_refused_at_import_under_python_O(dist: str, name: str)
     assert r.returncode == 1, (r.stdout, r.stderr)
     tested = module.TESTED
     assert r.stderr.splitlines()[-1] == (
-        f"broker._contract.IncompatibleDependency: runlog needs {dist}'s {name} "
+        f"broker.contract.IncompatibleDependency: runlog needs {dist}'s {name} "
         f"({guard.shape}; tested with {dist} {tested}); this {dist} "
         f"{metadata.version(dist)} lacks it or changed it: pin {dist}~={tested}"
     ), r.stderr
 
 
 def test_the_refusal_names_an_unknown_version() -> None:
-    err = _contract.incompatible("no-such-dist", "1.2.3", "X._y", "an int")
+    err = contract.incompatible("no-such-dist", "1.2.3", "X._y", "an int")
     assert str(err) == (
         "runlog needs no-such-dist's X._y (an int; tested with no-such-dist 1.2.3); "
         "this no-such-dist (version unknown) lacks it or changed it: pin no-such-dist~=1.2.3"
