@@ -28,7 +28,18 @@ import asyncpg
 import msgspec
 
 from . import approvals, control, errors, ids, members, sessions
+from .rows import ROW_CURSOR, ROW_PAYLOAD, ROW_RUN_ID, ROW_SEQ, ROW_TYPE, PageRow, StoredEvent
 from .settings import Settings
+
+__all__ = [
+    "ROW_CURSOR",
+    "ROW_PAYLOAD",
+    "ROW_RUN_ID",
+    "ROW_SEQ",
+    "ROW_TYPE",
+    "PageRow",
+    "StoredEvent",
+]
 
 ROLES = ("owner", "approver", "viewer")
 
@@ -109,14 +120,6 @@ def _writes(what: str) -> Callable[[_Method[P, T]], _Method[P, T]]:
     return wrap
 
 
-class StoredEvent(NamedTuple):
-    run_id: str
-    seq: int
-    cursor: int
-    type: str
-    payload: bytes  # the event's JSON, as appended
-
-
 class Ownership(NamedTuple):
     """What a writer gets when it takes a run: the epoch that fences it."""
 
@@ -182,8 +185,6 @@ class SessionInfo(NamedTuple):
 
 
 _PAGE_COLUMNS = "run_id, seq, cursor, type, payload"  # StoredEvent's fields, in order
-# Where a page row (`Store.stream_rows`) holds each of them.
-ROW_RUN_ID, ROW_SEQ, ROW_CURSOR, ROW_TYPE, ROW_PAYLOAD = range(5)
 _RUN_PAGE = (
     f"SELECT {_PAGE_COLUMNS} FROM events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
 )
@@ -951,7 +952,7 @@ class Store:
 
     async def stream_rows(
         self, by_run: bool, ident: str, after: int, limit: int, *, retry_s: float
-    ) -> list[asyncpg.Record]:
+    ) -> list[PageRow]:
         """`stream_page` as the rows PostgreSQL returned, without an object
         per event: each row holds StoredEvent's fields in its order (index
         them with ROW_SEQ, ROW_CURSOR, ROW_TYPE, ROW_PAYLOAD; `StoredEvent(*row)`
@@ -959,7 +960,7 @@ class Store:
         (a catch-up replay builds its frames from them: ~0.5 µs an event
         less than a StoredEvent each)."""
         sql = _RUN_PAGE if by_run else _SESSION_PAGE
-        rows: list[asyncpg.Record] = await retry_transient(
+        rows: list[PageRow] = await retry_transient(
             lambda: self.pool.fetch(sql, ident, after, limit), for_s=retry_s, what="page read"
         )
         return rows

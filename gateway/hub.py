@@ -37,11 +37,9 @@ import logging
 import time
 from typing import Protocol
 
-import asyncpg
-
 from broker import errors
+from broker.rows import ROW_CURSOR, ROW_SEQ, ROW_TYPE, PageRow, StoredEvent
 from broker.runtime import Broker
-from broker.store import ROW_CURSOR, ROW_SEQ, ROW_TYPE, StoredEvent
 from broker.subscribe import Subscription
 
 from .frames import EncodedBatch, contiguous, ws_events_frame, ws_wire
@@ -228,7 +226,7 @@ class Member:
         finally:
             slots.release(granted)
 
-    def _push_rows(self, rows: list[asyncpg.Record], payloads: list[bytes]) -> int:
+    def _push_rows(self, rows: list[PageRow], payloads: list[bytes]) -> int:
         """Push a chunk of page rows (after our position, in order); the
         events handed to the connection. A WebSocket batch or SSE client
         whose queue is not lagging gets the chunk as one frame built from
@@ -289,7 +287,7 @@ class Topic:
     async def head(self) -> int:
         return await self.hub.head(self.kind, self.ident)
 
-    async def rows(self, after: int, limit: int) -> list[asyncpg.Record]:
+    async def rows(self, after: int, limit: int) -> list[PageRow]:
         b = self.hub.broker
         return await b.store.stream_rows(
             self.by_run, self.ident, after, limit, retry_s=b.settings.db_retry_s

@@ -26,9 +26,7 @@ import itertools
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-import asyncpg
-
-from broker.store import ROW_PAYLOAD
+from broker.rows import ROW_PAYLOAD, PageRow
 
 from .replay_slots import ReplaySlots
 
@@ -44,7 +42,7 @@ def chunk_len(payloads: Sequence[bytes], max_bytes: int) -> int:
     return len(payloads)  # unreachable: the total is over max_bytes
 
 
-def payloads_of(rows: Sequence[asyncpg.Record]) -> list[bytes]:
+def payloads_of(rows: Sequence[PageRow]) -> list[bytes]:
     return [r[ROW_PAYLOAD] for r in rows]
 
 
@@ -64,7 +62,7 @@ class PageRead:
 
     def __init__(
         self,
-        read: Coroutine[Any, Any, list[asyncpg.Record]],
+        read: Coroutine[Any, Any, list[PageRow]],
         after: int,
         limit: int,
         granted: float,
@@ -81,6 +79,6 @@ class PageRead:
         slots.release(self.granted)
 
 
-def _retrieve(task: asyncio.Task[list[asyncpg.Record]]) -> None:
+def _retrieve(task: asyncio.Task[list[PageRow]]) -> None:
     if not task.cancelled():
         task.exception()  # a read that failed before it was dropped: nothing to report
