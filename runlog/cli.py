@@ -317,6 +317,8 @@ def _check_agent(settings: Settings) -> None:
 async def _worker(settings: Settings, concurrency: int | None) -> None:
     from workers.serve import serve
 
+    from .supervisor import install_stop_signals
+
     _need_urls(settings)
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -400,12 +402,6 @@ def _need_urls(settings: Settings) -> None:
 def _print_settings() -> None:
     for env, flag, default, doc in Settings.table():
         print(f"{env}\n  {flag}  (default: {default})\n  {doc}\n")
-
-
-def install_stop_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,14 @@ from broker import errors
 from broker.settings import Settings
 from broker.sockets import bind_free_port, port_is_free
 
-from .cli import install_stop_signals
-from .supervisor import ChildSpec, OwnPort, StartFailed, Supervisor, settings_env
+from .supervisor import (
+    ChildSpec,
+    OwnPort,
+    StartFailed,
+    Supervisor,
+    install_stop_signals,
+    settings_env,
+)
 
 log = logging.getLogger("runlog.gateway")
 

@@ -75,6 +75,14 @@ class RestartBackoff:
         return delay
 
 
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM set `stop` (the worker, `runlog gateway
+    --processes` and `runlog up` all stop so)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
 def describe_exit(returncode: int) -> str:
     """'killed by SIGKILL' or 'exit code 1', from an asyncio returncode."""
     if returncode < 0:

@@ -48,8 +48,14 @@ from broker.sockets import LOOPBACK, port_is_free
 from runlog.embedded import NatsProcess, PostgresProcess
 
 from . import group, secret, stack
-from .cli import install_stop_signals
-from .supervisor import ChildSpec, OwnPort, StartFailed, Supervisor, settings_env
+from .supervisor import (
+    ChildSpec,
+    OwnPort,
+    StartFailed,
+    Supervisor,
+    install_stop_signals,
+    settings_env,
+)
 
 log = logging.getLogger("runlog.up")
 

@@ -36,7 +36,7 @@ import base64
 import hashlib
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -45,7 +45,7 @@ from broker.events import RiskLevel, ToolStatus
 from broker.settings import Settings
 
 if TYPE_CHECKING:
-    from .durable import Journal
+    from .context import RunContext
 
 T = TypeVar("T")
 
@@ -92,10 +92,42 @@ class ChatMessage(NamedTuple):
 Agent = Callable[["AgentContext"], Awaitable[None]]
 
 
+class RunJournal(Protocol):
+    """What an AgentContext uses of the run's journal (workers/durable.py's
+    `Journal`, which imports this module: a Protocol, so this module does not
+    import it back). Not part of the agent API."""
+
+    @property
+    def ctx(self) -> RunContext: ...
+
+    async def conversation(self) -> list[ChatMessage]: ...
+
+    def new_id(self, prefix: str) -> str: ...
+
+    async def emit(self, event: events.Event) -> None: ...
+
+    def add_usage(self, input_tokens: int, output_tokens: int, reasoning_tokens: int) -> None: ...
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[Any]],
+        *,
+        retryable: bool,
+        cancellable: bool = ...,
+        tool_call_id: str = ...,
+        type: Any = ...,
+    ) -> Any: ...
+
+    async def approval(
+        self, summary: str, *, tool_call_id: str, timeout_s: float | None
+    ) -> Decision: ...
+
+
 class AgentContext:
     """What a run's agent sees of runlog. Made by the worker, one per run."""
 
-    def __init__(self, journal: Journal, *, resumed: bool) -> None:
+    def __init__(self, journal: RunJournal, *, resumed: bool) -> None:
         self._j = journal
         run = journal.ctx.run
         self.run_id: str = run.run_id
@@ -259,7 +291,7 @@ def encode_result(value: object) -> bytes:
         raise TypeError(f"a step's result must be JSON-encodable by msgspec: {e}") from e
 
 
-def journal_of(ctx: AgentContext) -> Journal:
+def journal_of(ctx: AgentContext) -> RunJournal:
     """The run's journal behind `ctx`, for runlog's own agent (the built-in
     loop, workers/loop.py), which reads what the API does not show: the run's
     signals, metrics and clock. Not part of the agent API (not in `__all__`)."""

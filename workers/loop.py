@@ -115,7 +115,10 @@ class _Run:
         self.ctx = ctx
         # Part of runlog, the loop reads what the API does not show: the
         # run's signals, metrics and clock.
-        self.journal: Journal = journal_of(ctx)
+        journal = journal_of(ctx)
+        if not isinstance(journal, Journal):  # a worker's AgentContext always holds one
+            raise TypeError(f"the built-in agent needs a worker's journal, not {journal!r}")
+        self.journal = journal
         self.rc: RunContext = self.journal.ctx
         self.messages: list[Message] = []
         # A resumed run's first token and card were timed by its first owner.
