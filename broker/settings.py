@@ -422,6 +422,12 @@ class Settings:
         "that text.",
     )
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name.endswith("_port") and not 0 <= getattr(self, f.name) <= 65535:
+                value = str(getattr(self, f.name))
+                raise errors.InvalidSetting(f.name, value, "is not a port (0 to 65535)")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         env = os.environ if environ is None else environ

@@ -147,11 +147,11 @@ def _main(argv: list[str] | None) -> None:
             from . import stack
 
             settings = stack.fill(settings)  # the URLs of a `runlog up` on its data folder
-        _check_database_url(settings)
         if args.command in ("up", "worker") and settings.agent:
             sys.path.insert(0, os.getcwd())  # `--agent myagent:agent` from the folder it is in
         logformat.configure(settings.log_level, settings.log_format)
         logged = settings.log_format == "json"
+        _check_database_url(settings)
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
         elif args.command == "gateway":
@@ -180,6 +180,15 @@ def _main(argv: list[str] | None) -> None:
             from . import stack
 
             urls = args.url or stack.gateway_urls(settings)
+            from .client import check_base_url
+
+            for url in args.url or []:
+                try:
+                    check_base_url(url)
+                except ValueError:
+                    raise errors.ClientError(
+                        f"--url {url!r} is not an http:// or https:// URL (http://host:port)"
+                    ) from None
             _tail(tail_mod.tail(urls, token, args.run_id, args.after))
         elif args.command == "prune":
             _check_prune(args.older_than_days, args.batch_events)
@@ -375,6 +384,14 @@ def _check_database_url(settings: Settings) -> None:
         raise errors.InvalidSetting(
             "database_url", scheme, "is not postgresql:// (postgresql://user@host:port/db)"
         )
+    # Each host's port (host1:5432,host2:5432), which asyncpg reads with int().
+    hosts = url.partition("://")[2].partition("/")[0].partition("?")[0].rpartition("@")[2]
+    for spec in hosts.split(",") if hosts else []:
+        if spec.endswith("]") or ":" not in spec:
+            continue  # no port: an IPv6 address in brackets, or the default port
+        port = spec.rpartition(":")[2]
+        if not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            raise errors.InvalidSetting("database_url", port, "is not a port (1 to 65535)")
 
 
 _MAX_DAYS = 365_000  # a thousand years (a cutoff before 4713 BC is past PostgreSQL's range)

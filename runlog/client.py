@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,18 @@ class Backoff:
         self.attempt = 0
 
 
+def check_base_url(url: str) -> None:
+    """ValueError unless `url` is a gateway's base URL: http:// or https://
+    with a host (and a port that is one)."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 1) > 0
+    except ValueError:  # a port that is none or out of range
+        ok = False
+    if not ok:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL (http://host:port)")
+
+
 class Client:
     def __init__(
         self,
@@ -89,6 +102,10 @@ class Client:
         max_first_attempts: int | None = None,
     ) -> None:
         self.base_urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not self.base_urls:
+            raise ValueError("no gateway URL")
+        for url in self.base_urls:
+            check_base_url(url)
         self.token = token
         self._http = session
         self._own_http = session is None

@@ -117,6 +117,34 @@ def test_a_database_url_that_is_not_one_is_one_line(tmp_path: Path, command: lis
     assert_refused(done, "invalid_setting", "RUNLOG_DATABASE_URL / --database-url")
 
 
+@pytest.mark.parametrize("command", [["migrate"], ["gateway"], ["worker"]])
+@pytest.mark.parametrize("port", ["x", "", "99999", "0x10"])
+def test_a_database_url_whose_port_is_no_port_is_one_line(
+    tmp_path: Path, command: list[str], port: str
+) -> None:
+    # asyncpg's ValueError, a traceback (migrate, gateway, worker alike).
+    url = f"postgresql://nobody:s3cret@127.0.0.1:{port}/runlog"
+    done = _runlog(tmp_path, *command, "--database-url", url, "--nats-url", "nats://127.0.0.1:1")
+    assert_refused(done, "invalid_setting", f"RUNLOG_DATABASE_URL / --database-url: '{port}' is")
+    assert "s3cret" not in done.stderr
+
+
+@pytest.mark.parametrize("option", ["--gateway-port", "--embedded-postgres-port"])
+@pytest.mark.parametrize("value", ["65536", "-1"])
+def test_a_port_out_of_range_names_its_own_setting(tmp_path: Path, option: str, value: str) -> None:
+    # --gateway-port 99999 was told as RUNLOG_PUBLIC_URL "is not a URL".
+    done = _runlog(tmp_path, "token", "--user", "alice", option, value)
+    env = "RUNLOG_" + option[2:].upper().replace("-", "_")
+    assert_refused(done, "invalid_setting", f"{env} / {option}: '{value}' is not a port")
+
+
+@pytest.mark.parametrize("url", ["nota url", "http://", "ftp://127.0.0.1:1", "127.0.0.1:8080"])
+def test_tail_of_a_url_that_is_not_one_is_one_line(tmp_path: Path, url: str) -> None:
+    # It was tried 5 times and told as `unreachable`.
+    done = _runlog(tmp_path, "tail", "r_x", "--token", "t", "--url", url)
+    assert_refused(done, "bad_request", f"--url {url!r} is not an http:// or https:// URL")
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--older-than-days", "-1"), ("--older-than-days", "0"), ("--older-than-days", "nan"),

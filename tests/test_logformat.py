@@ -210,20 +210,34 @@ async def test_log_format_json_writes_json_lines(settings: Settings, tmp_root: P
     ) in messages
     assert messages[-1] == ("INFO", "runlog.gateway", "gateway stopped")
 
-    # A failure with a traceback: the traceback is inside the one object. (An
-    # unforeseen one: asyncpg's ValueError for a port that is no number. A
-    # URL of another scheme is refused in one line now, tests/test_cli.py.)
+    # A refusal is one record too (a port that is no number: asyncpg's
+    # ValueError, a traceback, before tests/test_cli.py), with its code.
     bad = RunlogProcess("gateway", settings, tmp_root, RUNLOG_LOG_FORMAT="json",
                         RUNLOG_DATABASE_URL="postgresql://nobody@127.0.0.1:x/x")  # fmt: skip
     bad.log_path.unlink(missing_ok=True)
     await bad.start()
-    assert await bad.wait() == 1
+    assert await bad.wait() == 2
     lines = bad.log_path.read_text().split("\n")
     assert lines[-1] == ""
     [rec] = [json.loads(line) for line in lines[:-1]]
-    assert (rec["level"], rec["logger"]) == ("ERROR", "runlog"), rec
-    assert rec["exc_info"].startswith("Traceback (most recent call last):\n"), rec
-    assert rec["exc_info"].split("\n")[-1].startswith("ValueError: "), rec
+    assert (rec["level"], rec["logger"], rec["code"]) == ("ERROR", "runlog", "invalid_setting"), rec
+    assert "exc_info" not in rec, rec
+
+
+def test_a_traceback_is_inside_the_one_json_object() -> None:
+    # What `runlog` logs for a bug or an unforeseen failure (cli.py's last except).
+    try:
+        raise ValueError("unforeseen\nsecond line")
+    except ValueError:
+        exc = sys.exc_info()
+    logger = logging.getLogger("runlog")
+    rec = logger.makeRecord("runlog", logging.ERROR, __file__, 1, "runlog x failed", (), exc)
+    out = logformat.formatter("json").format(rec)
+    assert out.splitlines() == [out]
+    obj = json.loads(out)
+    assert (obj["level"], obj["message"]) == ("ERROR", "runlog x failed")
+    assert obj["exc_info"].startswith("Traceback (most recent call last):\n"), obj
+    assert obj["exc_info"].endswith("\nValueError: unforeseen\nsecond line"), obj
 
 
 def test_unknown_log_format_is_refused_in_one_line() -> None:
