@@ -291,6 +291,15 @@ async def _open(gw: Gateway, request: web.Request) -> tuple[web.WebSocketRespons
     for p in offered:
         if p.startswith(protocol.BEARER_SUBPROTOCOL_PREFIX):
             token = p[len(protocol.BEARER_SUBPROTOCOL_PREFIX) :]
+            if protocol.SUBPROTOCOL not in offered:
+                # Else aiohttp's handshake logs the offered protocols (the
+                # token) at WARNING, as not overlapping ours.
+                raise errors.ClientError(
+                    f"the {protocol.BEARER_SUBPROTOCOL_PREFIX}<token> subprotocol is accepted "
+                    f"next to {protocol.SUBPROTOCOL} only",
+                    hint=f"offer both: Sec-WebSocket-Protocol: {protocol.SUBPROTOCOL}, "
+                    f"{protocol.BEARER_SUBPROTOCOL_PREFIX}<token>",
+                )
     principal = gw.verify(token) if token else None  # bad token: 401 before upgrade
     ip = gw.admission.client_ip(request)
 

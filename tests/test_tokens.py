@@ -137,6 +137,24 @@ def test_mint_refuses_a_ttl_over_the_cap(settings: Settings) -> None:
     assert p.expires_at - p.issued_at == DAY_S
 
 
+@pytest.mark.parametrize("ttl_s", [-5, 0, 0.5, float("nan")])
+def test_mint_refuses_a_lifetime_below_a_second(settings: Settings, ttl_s: float) -> None:
+    # -5 minted a token expired at birth, which jwt_leeway_s kept working ~25 s.
+    with pytest.raises(errors.RunlogError) as info:
+        auth.mint(settings, "ann", ttl_s=ttl_s)
+    assert info.value.code == "bad_request"
+    assert info.value.detail == f"a token must live at least 1 s; asked for {ttl_s} s"
+
+
+async def test_runlog_token_refuses_a_negative_lifetime(tmp_path: Any) -> None:
+    code, out, err = await _runlog_token("--user", "ann", "--ttl-s", "-5",
+                                         "--data-dir", str(tmp_path))  # fmt: skip
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "runlog: error [bad_request]: a token must live at least 1 s; asked for -5.0 s"
+    ]
+
+
 async def _runlog_token(*args: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLOG_")}
     proc = await asyncio.create_subprocess_exec(
