@@ -66,9 +66,9 @@ _LINK_TTL_S = 12 * 3600.0  # the console link's token (at most jwt_max_ttl_s)
 
 async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> None:
     group.check(settings.gateway_processes)
-    if settings.gateway_processes > 1 and not settings.gateway_port:  # P per gateway port
+    if not settings.gateway_port:  # its gateways' links and readiness need the port
         raise errors.InvalidSetting(
-            "gateway_port", "0", "cannot be shared by several processes: give a port"
+            "gateway_port", "0", "is not a port runlog up can link to: give one (default 8080)"
         )
     check_ports(settings, workers=workers, gateways=gateways)
     stop = asyncio.Event()

@@ -138,6 +138,15 @@ def test_a_port_out_of_range_names_its_own_setting(tmp_path: Path, option: str, 
     assert_refused(done, "invalid_setting", f"{env} / {option}: '{value}' is not a port")
 
 
+def test_up_on_gateway_port_0_is_one_line(tmp_path: Path) -> None:
+    # It started everything, waited 60 s for a gateway on port 0, then stopped.
+    started = time.monotonic()
+    done = _runlog(tmp_path, "up", "--gateway-port", "0", "--data-dir", "data")
+    assert_refused(done, "invalid_setting", "RUNLOG_GATEWAY_PORT / --gateway-port: '0' is not")
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "data").exists()  # refused before starting anything
+
+
 @pytest.mark.parametrize("url", ["nota url", "http://", "ftp://127.0.0.1:1", "127.0.0.1:8080"])
 def test_tail_of_a_url_that_is_not_one_is_one_line(tmp_path: Path, url: str) -> None:
     # It was tried 5 times and told as `unreachable`.
