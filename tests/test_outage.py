@@ -353,7 +353,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
         async with _connected(make_settings(killable), "outage-setup") as b:
             run_id, owner = await write_run(b, sid, 3, end=False)
             aid = ids.approval_id()
-            await approvals.create(b.store.pool, approval_id=aid, run_id=run_id,
+            await approvals.create(b.store, approval_id=aid, run_id=run_id,
                                    epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
         sse = {"Accept": "text/event-stream"}
@@ -456,7 +456,7 @@ async def test_a_raw_connection_error_is_storage_unavailable_without_a_traceback
             sid = await session_with(http, gw, "alice")
             run_id, owner = await write_run(broker, sid, 1, end=False)
             aid = ids.approval_id()
-            await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id,
+            await approvals.create(broker.store, approval_id=aid, run_id=run_id,
                                    epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
             caplog.clear()
