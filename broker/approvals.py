@@ -19,16 +19,24 @@ it), or it sees the new epoch. So a worker that was paused or partitioned
 while it owned the run — even one whose statement was already on its way —
 can neither leave an approval behind for a run it no longer owns nor expire
 the one the new owner waits on.
+
+Contract of failures: `retry.py` (`get` and `open_for_run` read, `poll`
+is tried once, the worker's writes write); `decide` runs in its caller's transaction
+(`Store.decide_approval`), which says it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import asyncpg
 
 from . import errors
 from .fence import as_owner
+from .retry import reads, writes
+
+if TYPE_CHECKING:
+    from .store import Store
 
 _COLUMNS = """a.approval_id, a.run_id, r.session_id, a.tool_call_id, a.summary,
     (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms,
@@ -51,8 +59,9 @@ class ApprovalInfo(NamedTuple):
     call_digest: str  # what the approver was shown (migration 0007); "" before it
 
 
+@writes("approval create")
 async def create(
-    pool: asyncpg.Pool,
+    store: Store,
     *,
     approval_id: str,
     run_id: str,
@@ -65,7 +74,7 @@ async def create(
     """Store a new approval for the run (fenced by `epoch`). Creating the same
     id again is a no-op, so a create whose reply was lost can be retried."""
     await as_owner(
-        pool,
+        store,
         run_id,
         epoch,
         "INSERT INTO approvals (approval_id, run_id, tool_call_id, summary, expires_at,"
@@ -80,7 +89,18 @@ async def create(
     )
 
 
-async def get(db: asyncpg.Pool | asyncpg.Connection, approval_id: str) -> ApprovalInfo:
+@reads("approval read")
+async def get(store: Store, approval_id: str) -> ApprovalInfo:
+    return await _get(store.pool, approval_id)
+
+
+@writes("approval poll")
+async def poll(store: Store, approval_id: str) -> ApprovalInfo:
+    """`get`, tried once: for a caller that polls (its next round is the retry)."""
+    return await _get(store.pool, approval_id)
+
+
+async def _get(db: asyncpg.Pool | asyncpg.Connection, approval_id: str) -> ApprovalInfo:
     row = await db.fetchrow(
         f"SELECT {_COLUMNS} FROM approvals a JOIN runs r USING (run_id) WHERE a.approval_id = $1",
         approval_id,
@@ -91,7 +111,7 @@ async def get(db: asyncpg.Pool | asyncpg.Connection, approval_id: str) -> Approv
 
 
 async def decide(
-    db: asyncpg.Pool | asyncpg.Connection,
+    conn: asyncpg.Connection,
     approval_id: str,
     decision: str,
     decided_by: str,
@@ -99,12 +119,12 @@ async def decide(
     call_digest: str = "",
 ) -> tuple[ApprovalInfo, bool]:
     """Store a decision. Returns (the stored approval, whether this call decided it).
-    On a connection in a transaction, the decision commits with that transaction.
+    The decision commits with the transaction `conn` is in.
     With `call_digest` (the one the approver was shown), a decision for an
     approval bound to another call gets ApprovalStale and stores nothing."""
     if decision not in ("approve", "reject"):
         raise errors.ClientError("decision must be 'approve' or 'reject'")
-    row = await db.fetchrow(
+    row = await conn.fetchrow(
         f"""WITH d AS (
             UPDATE approvals SET decision = $2, decided_by = $3, decided_at = now(), comment = $4
             WHERE approval_id = $1 AND decision IS NULL AND expires_at > now()
@@ -119,7 +139,7 @@ async def decide(
     )
     if row is not None:
         return ApprovalInfo(*row), True
-    stored = await get(db, approval_id)
+    stored = await _get(conn, approval_id)
     if call_digest and stored.call_digest != call_digest:
         raise errors.ApprovalStale(
             f"approval {approval_id} guards another tool call than the one shown "
@@ -136,11 +156,12 @@ async def decide(
     )
 
 
-async def expire(pool: asyncpg.Pool, approval_id: str, *, run_id: str, epoch: int) -> ApprovalInfo:
+@writes("approval expiry")
+async def expire(store: Store, approval_id: str, *, run_id: str, epoch: int) -> ApprovalInfo:
     """Mark an undecided approval of the run past its expiry as expired (fenced
     by `epoch`); return what is stored (a decision that won the race stays)."""
     await as_owner(
-        pool,
+        store,
         run_id,
         epoch,
         "UPDATE approvals SET decision = 'expired', decided_at = now(), decided_by = 'system'"
@@ -148,11 +169,13 @@ async def expire(pool: asyncpg.Pool, approval_id: str, *, run_id: str, epoch: in
         " AND decision IS NULL AND expires_at <= now() RETURNING 1",
         approval_id,
     )
-    return await get(pool, approval_id)
+    return await _get(store.pool, approval_id)
 
 
-async def open_for_run(pool: asyncpg.Pool, run_id: str) -> list[ApprovalInfo]:
-    rows = await pool.fetch(
+@reads("approvals read")
+async def open_for_run(store: Store, run_id: str) -> list[ApprovalInfo]:
+    """Every approval of the run, decided or not, oldest first."""
+    rows = await store.pool.fetch(
         f"SELECT {_COLUMNS} FROM approvals a JOIN runs r USING (run_id)"
         " WHERE a.run_id = $1 ORDER BY a.created_at",
         run_id,
@@ -160,13 +183,14 @@ async def open_for_run(pool: asyncpg.Pool, run_id: str) -> list[ApprovalInfo]:
     return [ApprovalInfo(*r) for r in rows]
 
 
-async def close_open_for_run(pool: asyncpg.Pool, run_id: str, epoch: int) -> int:
+@writes("approval close")
+async def close_open_for_run(store: Store, run_id: str, epoch: int) -> int:
     """When a run ends while an approval is still open (stopped, failed, taken
     over): mark it expired, so a late decision gets ApprovalExpired instead of
     being stored for a run that will never act on it. Fenced by `epoch`: the
     owner ending the run calls it before its run_end commits. Returns how many."""
     return await as_owner(
-        pool,
+        store,
         run_id,
         epoch,
         "UPDATE approvals SET decision = 'expired', decided_at = now(), decided_by = 'system',"

@@ -14,10 +14,9 @@ import asyncio
 import contextlib
 import logging
 
-import asyncpg
-
 from .metrics import UNFINISHED_STATUSES, BrokerMetrics
-from .store import TRANSIENT_DB_ERRORS, Store
+from .retry import reads
+from .store import DB_ERRORS, Store
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +40,7 @@ class RunCensus:
                 await task
 
     async def sample(self) -> dict[str, int]:
-        rows = await self.store.pool.fetch(
-            "SELECT status, count(*) FROM runs WHERE ended_at IS NULL GROUP BY status"
-        )
-        counts = dict.fromkeys(UNFINISHED_STATUSES, 0)
-        for status, n in rows:
-            if status in counts:  # allow-list: an unexpected status is not a new label
-                counts[status] = n
+        counts = await unfinished(self.store)
         for status, n in counts.items():
             self.metrics.runs_unfinished.labels(status).set(n)
         return counts
@@ -56,8 +49,21 @@ class RunCensus:
         while True:
             try:
                 await self.sample()
-            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            except DB_ERRORS as e:
                 # A gauge may go stale while PostgreSQL is away; the append
                 # path reports the outage itself.
                 log.debug("run census failed: %s", e)
             await asyncio.sleep(self.interval_s)
+
+
+@reads("run census")
+async def unfinished(store: Store) -> dict[str, int]:
+    """How many unended runs there are of each of UNFINISHED_STATUSES."""
+    rows = await store.pool.fetch(
+        "SELECT status, count(*) FROM runs WHERE ended_at IS NULL GROUP BY status"
+    )
+    counts = dict.fromkeys(UNFINISHED_STATUSES, 0)
+    for status, n in rows:
+        if status in counts:  # allow-list: an unexpected status is not a new label
+            counts[status] = n
+    return counts

@@ -274,3 +274,9 @@ class MigrationChecksumMismatch(MigrationError):
 
 class InternalError(RunlogError):
     code = "internal"
+
+
+class DatabaseError(InternalError):
+    """PostgreSQL refused a statement of the store (a constraint, a schema older
+    than this version: not an outage, which is StorageError). Raised from
+    asyncpg's error; its detail names the class and SQLSTATE, never the text."""

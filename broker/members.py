@@ -15,13 +15,22 @@ The order of the checks is part of the contract: not a member
 
 `lowers` says which changes take access away (a removal or a demotion):
 those end the user's open streams of the session (gateway/access.py).
+
+Contract of failures: `retry.py` (`stream_roles` reads; `change` runs in its
+caller's transaction, `Store.change_member`, which writes).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncpg
 
 from . import errors
+from .retry import reads
+
+if TYPE_CHECKING:
+    from .store import Store
 
 # Higher can do more (see gateway/auth.py for what each role may do).
 RANKS = {"viewer": 0, "approver": 1, "owner": 2}
@@ -96,15 +105,16 @@ async def change(
     return before
 
 
+@reads("roles read")
 async def stream_roles(
-    pool: asyncpg.Pool, streams: list[tuple[str, str, str]]
+    store: Store, streams: list[tuple[str, str, str]]
 ) -> list[tuple[str | None, str | None]]:
     """For each open stream (user_id, kind "run"/"session", id): (its session,
     the user's role there, None if not a member), in one query for all."""
     if not streams:
         return []
     users, kinds, idents = (list(col) for col in zip(*streams, strict=True))
-    rows = await pool.fetch(
+    rows = await store.pool.fetch(
         "SELECT s.sid, m.role"
         " FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(u, kind, ident, i)"
         " LEFT JOIN runs r ON t.kind = 'run' AND r.run_id = t.ident"

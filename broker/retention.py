@@ -19,17 +19,23 @@ Contract:
   the job; the cutoff is fixed when the call starts.
 - Candidates are walked in `run_id` order along the primary key, so the whole
   prune reads the runs table once, however many batches it takes.
+- Failures (`retry.py`): a prune writes, so it is tried once; an outage is
+  StorageError, and running it again finishes the job.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import asyncpg
 
 from . import errors
+from .retry import writes
+
+if TYPE_CHECKING:
+    from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +62,9 @@ class PruneReport(NamedTuple):
         )
 
 
+@writes("prune")
 async def prune(
-    pool: asyncpg.Pool,
+    store: Store,
     *,
     older_than_s: float,
     dry_run: bool = False,
@@ -72,6 +79,7 @@ async def prune(
         raise errors.ClientError("batch_events must be at least 1")
     # One cutoff for the whole call, from the database clock (the one that
     # stamped ended_at), so batches agree with each other.
+    pool = store.pool
     cutoff: dt.datetime = await pool.fetchval(
         "SELECT now() - make_interval(secs => $1)", older_than_s
     )

@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 import nats.errors
 from prometheus_client import CollectorRegistry
 
-from . import approvals, control, errors
+from . import control, errors
 from .approvals import ApprovalInfo
 from .bus import Bus
 from .census import RunCensus
@@ -146,16 +146,9 @@ class Broker:
     ) -> tuple[ApprovalInfo, bool]:
         """Store a decision (first one wins) and its audit row in one transaction,
         then send it to the run's owner. A repeat stores and audits nothing."""
-        async with self.store.pool.acquire() as conn, conn.transaction():
-            info, created = await approvals.decide(
-                conn, approval_id, decision, decided_by, comment, call_digest
-            )
-            if created:
-                await self.store.audit(
-                    decided_by, f"approval_{decision}", session_id=info.session_id,
-                    run_id=info.run_id, detail={"approval_id": approval_id, "comment": comment},
-                    conn=conn,
-                )  # fmt: skip
+        info, created = await self.store.decide_approval(
+            approval_id, decision, decided_by, comment, call_digest
+        )
         if info.decision in ("approve", "reject"):
             # Sent again on a repeat too: harmless (deduplicated), and it helps
             # if the first send was lost.

@@ -18,16 +18,23 @@ group given (`rename_session`, `set_run_policy`, `set_stream_policy`,
 `archive_session` / `unarchive_session`), each with the value before. An
 archived session takes no new run (`Store.create_run_checked` checks it
 under the same row lock); archiving ends nothing that is running.
+
+Contract of failures: `retry.py` (`page` reads; `update` runs in its
+caller's transaction, `Store.update_session`, which writes).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import asyncpg
 
 from . import errors, ids
+from .retry import reads
+
+if TYPE_CHECKING:
+    from .store import Store
 
 RUN_POLICIES = ("reject", "enqueue", "interrupt")
 PAGE_SIZE = 100  # sessions per page of GET /v1/sessions
@@ -107,15 +114,16 @@ def ms(t: dt.datetime | None) -> int | None:
     return None if t is None else _us(t) // 1000
 
 
+@reads("sessions read")
 async def page(
-    conn: asyncpg.Pool | asyncpg.Connection, user_id: str, *, query: str = "",
+    store: Store, user_id: str, *, query: str = "",
     archived: bool = False, before: PageKey | None = None, limit: int = PAGE_SIZE,
 ) -> tuple[list[SessionSummary], PageKey | None]:  # fmt: skip
     """One page of `user_id`'s sessions (archived ones, or the others) whose
     title contains `query` (any case; "" : all), after `before`. Returns the
     page and the key of its last row when more follow (None: the last page)."""
     cut = None if before is None else _EPOCH + before.created_at_us * _US
-    rows = await conn.fetch(
+    rows = await store.pool.fetch(
         "SELECT s.session_id, s.title, m.role, s.last_cursor, s.created_at, s.archived_at"
         " FROM members m JOIN sessions s USING (session_id)"
         " WHERE m.user_id = $1 AND (s.archived_at IS NOT NULL) = $2"
@@ -141,13 +149,6 @@ def _settings(row: asyncpg.Record) -> Settings:
 
 
 _SETTINGS = "title, run_policy, include_thinking, include_tool_calls, archived_at"
-
-
-async def settings(conn: asyncpg.Pool | asyncpg.Connection, session_id: str) -> Settings:
-    row = await conn.fetchrow(f"SELECT {_SETTINGS} FROM sessions WHERE session_id = $1", session_id)
-    if row is None:
-        raise errors.SessionNotFound(f"no session {session_id}")
-    return _settings(row)
 
 
 def audit_rows(

@@ -1,5 +1,7 @@
 """Durable steps of a run in PostgreSQL (`run_steps`): written by the owner.
 
+Contract of failures: `retry.py` (`load` reads, `record` writes).
+
 Contract of `record`: fenced like every write of the owner (`fence.py`):
 StaleEpoch and nothing written unless `epoch` owns the unended run. Writing
 the same `idx` again overwrites it (a step that was `started` becomes done;
@@ -8,11 +10,13 @@ an approval gets its decision) but keeps the epoch that created the row.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
-
-import asyncpg
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from .fence import as_owner
+from .retry import reads, writes
+
+if TYPE_CHECKING:
+    from .store import Store
 
 StepKind = Literal["step", "approval"]
 
@@ -28,8 +32,9 @@ class StepRecord(NamedTuple):
     last_epoch: int  # the epoch that wrote it last
 
 
-async def load(db: asyncpg.Pool | asyncpg.Connection, run_id: str) -> list[StepRecord]:
-    rows = await db.fetch(
+@reads("steps read")
+async def load(store: Store, run_id: str) -> list[StepRecord]:
+    rows = await store.pool.fetch(
         "SELECT idx, name, kind, done, result, seq, epoch, last_epoch FROM run_steps"
         " WHERE run_id = $1 ORDER BY idx",
         run_id,
@@ -37,8 +42,9 @@ async def load(db: asyncpg.Pool | asyncpg.Connection, run_id: str) -> list[StepR
     return [StepRecord(*r) for r in rows]
 
 
+@writes("step record")
 async def record(
-    pool: asyncpg.Pool,
+    store: Store,
     *,
     run_id: str,
     epoch: int,
@@ -50,7 +56,7 @@ async def record(
     seq: int,
 ) -> None:
     await as_owner(
-        pool,
+        store,
         run_id,
         epoch,
         "INSERT INTO run_steps (run_id, idx, name, kind, done, result, seq, epoch, last_epoch)"

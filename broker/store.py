@@ -8,116 +8,46 @@ order (`seq` for a run, `cursor` for a session), strictly after the given
 position. Positions are contiguous, so a page that is shorter than asked
 means the caller has reached the head as of that read.
 
-Contract of failures: no method lets a connection error out raw. A read is
-retried while PostgreSQL is unreachable (for `db_retry_s`), a write is tried
-once (whether it took effect is unknown, so repeating it is the caller's
-call); then it raises `errors.StorageError` (`storage_unavailable`,
+Contract of failures (`retry.py`): no method lets an asyncpg error out. A
+read is retried while PostgreSQL is unreachable (for `db_retry_s`), a write
+is tried once (whether it took effect is unknown, so repeating it is the
+caller's call); then it raises `errors.StorageError` (`storage_unavailable`,
 retryable), which is itself in `TRANSIENT_DB_ERRORS` for callers that retry.
-Methods say which they are with `@_reads` / `@_writes`.
+A statement PostgreSQL refuses is `errors.DatabaseError`. Methods say which
+they are with `@_reads` / `@_writes`; the modules that hold the SQL of one
+noun (approvals, steps, sessions, members, retention, census) take the Store
+and say it the same way.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import time
-from collections.abc import Awaitable, Callable
-from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import NamedTuple
 
 import asyncpg
 import msgspec
 
 from . import approvals, control, errors, ids, members, sessions
+from .retry import DB_ERRORS, TRANSIENT_DB_ERRORS, retry_read, retry_transient, unavailable
+from .retry import reads as _reads
+from .retry import writes as _writes
 from .rows import ROW_CURSOR, ROW_PAYLOAD, ROW_RUN_ID, ROW_SEQ, ROW_TYPE, PageRow, StoredEvent
 from .settings import Settings
 
 __all__ = [
+    "DB_ERRORS",
     "ROW_CURSOR",
     "ROW_PAYLOAD",
     "ROW_RUN_ID",
     "ROW_SEQ",
     "ROW_TYPE",
+    "TRANSIENT_DB_ERRORS",
     "PageRow",
     "StoredEvent",
+    "retry_transient",
+    "unavailable",
 ]
 
 ROLES = ("owner", "approver", "viewer")
-
-# Errors after which the server or connection is gone for now: whether a
-# transaction in flight committed is unknown, and the same call may work later.
-TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.OperatorInterventionError,
-    # Raised by asyncpg when the connection broke in the middle of an operation.
-    asyncpg.InternalClientError,
-    # What the store's methods raise for the above (see the module's contract).
-    errors.StorageError,
-)
-
-T = TypeVar("T")
-P = ParamSpec("P")
-
-
-def unavailable(what: str) -> errors.StorageError:
-    """The coded error for a transient failure during `what` (raise it from that)."""
-    return errors.StorageError(f"PostgreSQL unavailable during {what}")
-
-
-async def retry_transient(
-    call: Callable[[], Awaitable[T]], *, for_s: float, what: str = "read"
-) -> T:
-    """Run a read, retrying it while PostgreSQL is unreachable (at most `for_s`)."""
-    deadline = time.monotonic() + for_s
-    backoff = 0.05
-    while True:
-        try:
-            return await call()
-        except TRANSIENT_DB_ERRORS as e:
-            if time.monotonic() > deadline:
-                if isinstance(e, errors.StorageError):
-                    raise
-                raise unavailable(what) from e
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
-
-
-_Method = Callable[Concatenate["Store", P], Awaitable[T]]
-
-
-def _reads(what: str) -> Callable[[_Method[P, T]], _Method[P, T]]:
-    """A method that only reads: retried for `db_retry_s`, then StorageError."""
-
-    def wrap(fn: _Method[P, T]) -> _Method[P, T]:
-        @functools.wraps(fn)
-        async def method(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
-            return await retry_transient(
-                lambda: fn(self, *args, **kwargs), for_s=self.settings.db_retry_s, what=what
-            )
-
-        return method
-
-    return wrap
-
-
-def _writes(what: str) -> Callable[[_Method[P, T]], _Method[P, T]]:
-    """A method that writes: tried once, a transient failure is StorageError."""
-
-    def wrap(fn: _Method[P, T]) -> _Method[P, T]:
-        @functools.wraps(fn)
-        async def method(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> T:
-            try:
-                return await fn(self, *args, **kwargs)
-            except errors.StorageError:
-                raise
-            except TRANSIENT_DB_ERRORS as e:
-                raise unavailable(what) from e
-
-        return method
-
-    return wrap
 
 
 class Ownership(NamedTuple):
@@ -253,7 +183,7 @@ class Store:
                     )
                 },
             )
-        except (OSError, asyncpg.PostgresError) as e:
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e
         return cls(pool, settings)
 
@@ -333,12 +263,11 @@ class Store:
             )  # fmt: skip
         return before
 
-    @_reads("roles read")
     async def stream_roles(
         self, streams: list[tuple[str, str, str]]
     ) -> list[tuple[str | None, str | None]]:
         """(session, role or None) of each (user, kind, id) of an open stream: one query."""
-        return await members.stream_roles(self.pool, streams)
+        return await members.stream_roles(self, streams)
 
     # -- token revocation (per user)
 
@@ -392,7 +321,6 @@ class Store:
             await self.pool.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
         )
 
-    @_reads("sessions read")
     async def sessions_page(
         self, user_id: str, *, query: str = "", archived: bool = False,
         before: sessions.PageKey | None = None, limit: int = sessions.PAGE_SIZE,
@@ -400,7 +328,7 @@ class Store:
         """A page of the sessions `user_id` is a member of, newest first, and
         the key of the next page (None: none); see `sessions.py`."""
         return await sessions.page(
-            self.pool, user_id, query=query, archived=archived, before=before, limit=limit
+            self, user_id, query=query, archived=archived, before=before, limit=limit
         )
 
     @_reads("session read")
@@ -447,14 +375,32 @@ class Store:
             tuple(QueuedRun(*r) for r in queued),
         )  # fmt: skip
 
-    @_reads("approval read")
     async def approval(self, approval_id: str) -> approvals.ApprovalInfo:
-        return await approvals.get(self.pool, approval_id)
+        return await approvals.get(self, approval_id)
 
-    @_reads("approvals read")
     async def run_approvals(self, run_id: str) -> list[approvals.ApprovalInfo]:
         """Every approval of the run, decided or not, oldest first."""
-        return await approvals.open_for_run(self.pool, run_id)
+        return await approvals.open_for_run(self, run_id)
+
+    @_writes("approval decision")
+    async def decide_approval(
+        self, approval_id: str, decision: str, decided_by: str, comment: str = "",
+        call_digest: str = "",
+    ) -> tuple[approvals.ApprovalInfo, bool]:  # fmt: skip
+        """Store a decision (first one wins, see `approvals.decide`) and, if this
+        call decided it, its audit row, in one transaction. Returns (the stored
+        approval, whether this call decided it)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            info, created = await approvals.decide(
+                conn, approval_id, decision, decided_by, comment, call_digest
+            )
+            if created:
+                await self.audit(
+                    decided_by, f"approval_{decision}", session_id=info.session_id,
+                    run_id=info.run_id, detail={"approval_id": approval_id, "comment": comment},
+                    conn=conn,
+                )  # fmt: skip
+        return info, created
 
     @_reads("approval event read")
     async def approval_seq(self, run_id: str, approval_id: str) -> int | None:
@@ -960,7 +906,7 @@ class Store:
         (a catch-up replay builds its frames from them: ~0.5 µs an event
         less than a StoredEvent each)."""
         sql = _RUN_PAGE if by_run else _SESSION_PAGE
-        rows: list[PageRow] = await retry_transient(
+        rows: list[PageRow] = await retry_read(
             lambda: self.pool.fetch(sql, ident, after, limit), for_s=retry_s, what="page read"
         )
         return rows
@@ -968,7 +914,7 @@ class Store:
     async def stream_head(self, by_run: bool, ident: str, *, retry_s: float) -> tuple[int, bool]:
         """(head position, whether the stream ended: only runs end), with retries."""
         if by_run:
-            row = await retry_transient(
+            row = await retry_read(
                 lambda: self.pool.fetchrow(
                     "SELECT last_seq, ended_at IS NOT NULL FROM runs WHERE run_id = $1", ident
                 ),
@@ -978,7 +924,7 @@ class Store:
             if row is None:
                 raise errors.RunNotFound(f"no run {ident}")
             return row[0], row[1]
-        value = await retry_transient(
+        value = await retry_read(
             lambda: self.pool.fetchval(
                 "SELECT last_cursor FROM sessions WHERE session_id = $1", ident
             ),

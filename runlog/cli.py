@@ -256,25 +256,21 @@ async def _migrate(settings: Settings) -> None:
 async def _prune(
     settings: Settings, older_than_days: float, dry_run: bool, batch_events: int | None
 ) -> None:
-    import asyncpg
-
     from broker import retention
+    from broker.store import Store
 
     if not settings.database_url:
         raise errors.ClientError("RUNLOG_DATABASE_URL is not set")
-    try:
-        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e
+    store = await Store.connect(settings.database_url, settings)
     try:
         report = await retention.prune(
-            pool,
+            store,
             older_than_s=older_than_days * 86400.0,
             dry_run=dry_run,
             batch_events=batch_events or retention.BATCH_EVENTS,
         )
     finally:
-        await pool.close()
+        await store.close()
     print(report.describe())
 
 

@@ -304,7 +304,7 @@ async def test_an_approval_decided_over_rest_resumes_the_upstream(
         ) as r:
             assert r.status == 201, await r.text()
         evs = await read_run(b, run_id)
-        recs = await steps.load(b.store.pool, run_id)
+        recs = await steps.load(b.store, run_id)
     assert up.side_effects == 1
     check_resumed(up, "approve", "go")
     # The resume's answer is cut at the tool's result, a durable point between

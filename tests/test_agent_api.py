@@ -318,10 +318,10 @@ async def test_steps_are_fenced_by_the_owners_epoch(broker: Broker) -> None:
     run_id = await broker.start_run(session_id, "alice", input="x")
     with pytest.raises(errors.StaleEpoch):
         await steps.record(
-            broker.store.pool, run_id=run_id, epoch=7, idx=0, name="s", kind="step",
+            broker.store, run_id=run_id, epoch=7, idx=0, name="s", kind="step",
             done=True, result=b"{}", seq=0,
         )  # fmt: skip
-    assert await steps.load(broker.store.pool, run_id) == []
+    assert await steps.load(broker.store, run_id) == []
 
 
 async def test_an_agent_stops_at_once_when_its_worker_loses_the_run(settings: Settings) -> None:

@@ -167,7 +167,7 @@ async def test_an_approval_decided_over_rest_resumes_the_sdk_run(
         ) as r:
             assert r.status == 201, await r.text()
         evs = await read_run(b, run_id)
-        recs = await steps.load(b.store.pool, run_id)
+        recs = await steps.load(b.store, run_id)
     _the_card(evs, req)
     (dec,) = of(evs, events.ApprovalDecided)
     assert (dec.decision, dec.decided_by) == ("approve", "bob")

@@ -142,7 +142,7 @@ async def test_an_approval_through_rest_runs_the_tool(
         ) as r:
             assert r.status == 201, await r.text()
         evs = await read_run(b, run_id)
-        recs = await steps.load(b.store.pool, run_id)
+        recs = await steps.load(b.store, run_id)
     _check_card(evs, req)
     (dec,) = of(evs, events.ApprovalDecided)
     assert (dec.decision, dec.decided_by, dec.comment) == ("approve", "bob", "go")

@@ -93,7 +93,7 @@ async def world(settings: Settings) -> AsyncIterator[World]:
             sid = await b.store.create_session(user, "t")
             rid, _ = await write_run(b, sid, 3, end=False)
             aid = f"ap_{'A' * 21}{suffix or '1'}"
-            await approvals.create(b.store.pool, approval_id=aid, run_id=rid, epoch=1,
+            await approvals.create(b.store, approval_id=aid, run_id=rid, epoch=1,
                                    tool_call_id="c", summary="s",
                                    expires_at_ms=int(time.time() * 1000) + 3_600_000)  # fmt: skip
             found |= {"sid" + suffix: sid, "rid" + suffix: rid, "aid" + suffix: aid}

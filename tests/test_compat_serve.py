@@ -236,7 +236,7 @@ async def test_an_undecided_approval_ends_the_answer_and_a_decided_one_streams_i
 async def _approval(broker: Broker, w: RunWriter, tool_call_id: str) -> str:
     approval_id = ids.approval_id()
     await approvals.create(
-        broker.store.pool, approval_id=approval_id, run_id=w.run_id, epoch=w.epoch,
+        broker.store, approval_id=approval_id, run_id=w.run_id, epoch=w.epoch,
         tool_call_id=tool_call_id, summary="", expires_at_ms=int(time.time() * 1000) + 600_000,
     )  # fmt: skip
     return approval_id

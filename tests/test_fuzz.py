@@ -53,7 +53,7 @@ async def test_schemathesis_finds_no_server_error_nor_undocumented_status(
     sid = await broker.store.create_session("fuzzer", "fuzz")
     run_id, _ = await write_run(broker, sid, 3, end=False)
     aid = f"ap_{'F' * 21}{time.time_ns() % 10}"
-    await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=1,
+    await approvals.create(broker.store, approval_id=aid, run_id=run_id, epoch=1,
                            tool_call_id="c", summary="s",
                            expires_at_ms=int(time.time() * 1000) + 3_600_000)  # fmt: skip
     cfg = tmp_path / "schemathesis.toml"

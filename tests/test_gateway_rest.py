@@ -154,9 +154,9 @@ async def test_approvals_decided_once(gw: RunningGateway, http: aiohttp.ClientSe
     now = int(time.time() * 1000)
     live, old = ids.approval_id(), ids.approval_id()
     epoch = (await broker.store.get_run(run_id)).owner_epoch  # no worker here: 0
-    await approvals.create(broker.store.pool, approval_id=live, run_id=run_id, epoch=epoch,
+    await approvals.create(broker.store, approval_id=live, run_id=run_id, epoch=epoch,
                            tool_call_id="c1", summary="delete", expires_at_ms=now + 60_000)  # fmt: skip
-    await approvals.create(broker.store.pool, approval_id=old, run_id=run_id, epoch=epoch,
+    await approvals.create(broker.store, approval_id=old, run_id=run_id, epoch=epoch,
                            tool_call_id="c2", summary="delete", expires_at_ms=now - 1)  # fmt: skip
     url = f"{gw.url}/v1/runs/{run_id}/approvals/"
 
@@ -187,7 +187,7 @@ async def test_a_decision_for_a_call_the_approval_no_longer_guards_is_stale(
     run_id = await _start(http, gw, sid, "alice")
     aid, shown = ids.approval_id(), call_digest("delete_rows", '{"rows": [1]}')
     epoch = (await broker.store.get_run(run_id)).owner_epoch
-    await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=epoch,
+    await approvals.create(broker.store, approval_id=aid, run_id=run_id, epoch=epoch,
                            tool_call_id="c1", summary="delete", call_digest=shown,
                            expires_at_ms=int(time.time() * 1000) + 60_000)  # fmt: skip
     url = f"{gw.url}/v1/runs/{run_id}/approvals/{aid}"
@@ -200,7 +200,7 @@ async def test_a_decision_for_a_call_the_approval_no_longer_guards_is_stale(
     status, body = await decide(decision="approve", call_digest=other)
     assert (status, body["error"]["code"]) == (409, "approval_stale")
     assert body["error"]["call_digest"] == shown
-    assert (await approvals.get(broker.store.pool, aid)).decision is None
+    assert (await approvals.get(broker.store, aid)).decision is None
     status, body = await decide(decision="approve", call_digest="not hex")
     assert (status, body["error"]["code"]) == (400, "invalid_request")
     status, body = await decide(decision="approve", call_digest=shown)

@@ -232,7 +232,7 @@ async def test_concurrent_decisions_from_two_gateways_one_wins(
     for _ in range(5):
         aid = ids.approval_id()
         # The run was never claimed (no worker here): its epoch is 0.
-        await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=0,
+        await approvals.create(broker.store, approval_id=aid, run_id=run_id, epoch=0,
                                tool_call_id="c", summary="s",
                                expires_at_ms=int(time.time() * 1000) + 60000)  # fmt: skip
         async with ws_connect(http, gw, "ann") as a, ws_connect(http, gw2, "ben") as b:
@@ -250,7 +250,7 @@ async def test_concurrent_decisions_from_two_gateways_one_wins(
                 assert r["code"] == "approval_conflict"
             else:
                 assert r["result"]["approval"]["decision"] == winner
-        stored = await approvals.get(broker.store.pool, aid)
+        stored = await approvals.get(broker.store, aid)
         assert stored.decision == winner
 
 
@@ -260,7 +260,7 @@ async def test_a_websocket_decision_for_a_changed_call_is_stale(
     sid = await session_with(http, gw, "alice", ann="approver")
     run_id = await broker.store.create_run(sid, "alice")
     aid, shown = ids.approval_id(), call_digest("send_email", '{"to": "a@example.com"}')
-    await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id, epoch=0,
+    await approvals.create(broker.store, approval_id=aid, run_id=run_id, epoch=0,
                            tool_call_id="c", summary="s", call_digest=shown,
                            expires_at_ms=int(time.time() * 1000) + 60000)  # fmt: skip
     async with ws_connect(http, gw, "ann") as a:

@@ -353,7 +353,7 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
         async with _connected(make_settings(killable), "outage-setup") as b:
             run_id, owner = await write_run(b, sid, 3, end=False)
             aid = ids.approval_id()
-            await approvals.create(b.store.pool, approval_id=aid, run_id=run_id,
+            await approvals.create(b.store, approval_id=aid, run_id=run_id,
                                    epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
         sse = {"Accept": "text/event-stream"}
@@ -436,17 +436,18 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
 
 
 @pytest.mark.parametrize("transport", ["rest", "ws"])
-async def test_a_raw_connection_error_is_storage_unavailable_without_a_traceback(
+async def test_a_connection_cut_under_a_decision_is_storage_unavailable_without_a_traceback(
     settings: Settings,
     http: aiohttp.ClientSession,
     broker: Broker,
     caplog: pytest.LogCaptureFixture,
     transport: str,
 ) -> None:
-    """The backstop: an asyncpg connection error that escapes to the error
-    middleware or the WebSocket read loop is still `storage_unavailable`,
-    logged as a warning without a traceback. The gateway's connection to
-    PostgreSQL is cut while it stores a decision."""
+    """The gateway's connection to PostgreSQL is cut while it stores a
+    decision: the answer is `storage_unavailable`, and nothing is logged as a
+    bug. The store tells it (Store.decide_approval's StorageError, issue 23,
+    item 2); before, asyncpg's raw error got past the store to the error
+    middleware's and the WebSocket loop's backstop, which logged a warning."""
     u = urlsplit(settings.database_url)
     proxy = CuttingProxy(u.hostname or "127.0.0.1", u.port or 5432)
     await proxy.start()
@@ -456,7 +457,7 @@ async def test_a_raw_connection_error_is_storage_unavailable_without_a_traceback
             sid = await session_with(http, gw, "alice")
             run_id, owner = await write_run(broker, sid, 1, end=False)
             aid = ids.approval_id()
-            await approvals.create(broker.store.pool, approval_id=aid, run_id=run_id,
+            await approvals.create(broker.store, approval_id=aid, run_id=run_id,
                                    epoch=owner.epoch, tool_call_id="c1", summary="send it?",
                                    expires_at_ms=int(time.time() * 1000) + 600_000)  # fmt: skip
             caplog.clear()
@@ -476,8 +477,7 @@ async def test_a_raw_connection_error_is_storage_unavailable_without_a_traceback
     finally:
         await proxy.stop()
     gateway_logs = [r for r in caplog.records if r.name.startswith("gateway")]
-    assert [(r.levelno, r.exc_info) for r in gateway_logs] == [(logging.WARNING, None)]
-    assert gateway_logs[0].getMessage().endswith("answered storage_unavailable")
+    assert [(r.levelno, r.exc_info) for r in gateway_logs if r.levelno >= logging.WARNING] == []
 
 
 # The JS client's rules for error replies, against a fake socket in the

@@ -32,7 +32,7 @@ async def _run(
     w = await broker.claim(run_id, "prune-test")
     if approval:  # created by the owner while the run is going
         await approvals.create(
-            broker.store.pool, approval_id=f"ap_{run_id}", run_id=run_id, epoch=w.epoch,
+            broker.store, approval_id=f"ap_{run_id}", run_id=run_id, epoch=w.epoch,
             tool_call_id="call_1", summary="send it?",
             expires_at_ms=int(time.time() * 1000) + 60_000,
         )  # fmt: skip
@@ -109,13 +109,13 @@ async def test_prune_removes_old_ended_runs_and_nothing_else(
     assert old_before == {"runs": 3, "events": 88, "approvals": 2, "audit": 3}
 
     # A dry run counts exactly what the real run deletes, and deletes nothing.
-    dry = await retention.prune(pool, older_than_s=_CUTOFF_DAYS * 86400, dry_run=True)
+    dry = await retention.prune(broker.store, older_than_s=_CUTOFF_DAYS * 86400, dry_run=True)
     assert (dry.runs, dry.events, dry.approvals, dry.audit) == (3, 88, 2, 3)
     assert await _counts(pool, old) == old_before
 
     # Bounded transactions: at most 20 events per batch puts each run (41,
     # 16 and 31 events) in a transaction of its own: runs are never split.
-    report = await retention.prune(pool, older_than_s=_CUTOFF_DAYS * 86400, batch_events=20)
+    report = await retention.prune(broker.store, older_than_s=_CUTOFF_DAYS * 86400, batch_events=20)
     assert (report.runs, report.events, report.approvals, report.audit) == (3, 88, 2, 3)
     assert report.batches == 3 and not report.dry_run
 
@@ -124,7 +124,7 @@ async def test_prune_removes_old_ended_runs_and_nothing_else(
     assert await _session_rows(pool, [s1, s2, s3]) == sessions_before  # sessions stay
 
     # Nothing is left to prune; a second pass is a no-op.
-    again = await retention.prune(pool, older_than_s=_CUTOFF_DAYS * 86400)
+    again = await retention.prune(broker.store, older_than_s=_CUTOFF_DAYS * 86400)
     assert (again.runs, again.events, again.batches) == (0, 0, 0)
 
     # The session stream skips the pruned cursors: it replays exactly the
@@ -164,4 +164,4 @@ async def test_prune_command(broker: Broker, settings: Settings) -> None:
 
 async def test_prune_refuses_a_non_positive_period(broker: Broker) -> None:
     with pytest.raises(errors.ClientError):
-        await retention.prune(broker.store.pool, older_than_s=0)
+        await retention.prune(broker.store, older_than_s=0)

@@ -28,7 +28,7 @@ async def test_approve_and_deny(settings: Settings) -> None:
         # approval's open row, at the seq before approval_required.
         info = await b.store.get_run(approved)
         assert info.status == "waiting_approval"
-        last = (await steps.load(b.store.pool, approved))[-1]
+        last = (await steps.load(b.store, approved))[-1]
         assert (last.kind, last.done, last.seq) == ("approval", False, req_a.seq - 1)
         assert last.result is not None and req_a.approval_id.encode() in last.result
 

@@ -297,7 +297,7 @@ async def test_paused_worker_writes_no_approval_after_takeover(
                     await hold.rollback()
         # The run whose create was held: nothing of the zombie's create; the
         # one approval is the new owner's, decided by carol and acted on.
-        (c_stored,) = await approvals.open_for_run(pool, creating)
+        (c_stored,) = await approvals.open_for_run(client.store, creating)
         assert (c_stored.approval_id, c_stored.decision, c_stored.decided_by) == (
             req_c.approval_id, "approve", "carol",
         )  # fmt: skip
@@ -307,7 +307,7 @@ async def test_paused_worker_writes_no_approval_after_takeover(
         assert evs[-1].status == "completed"  # type: ignore[union-attr]
         assert await client.store.run_head(creating) == (len(evs), True)
         # The waiting one: its approval was decided by bob and acted on.
-        (stored,) = await approvals.open_for_run(pool, waiting)
+        (stored,) = await approvals.open_for_run(client.store, waiting)
         assert (stored.approval_id, stored.decision, stored.decided_by) == (
             req.approval_id, "approve", "bob",
         )  # fmt: skip

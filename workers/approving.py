@@ -19,10 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-import asyncpg
-
 from broker import approvals, events
-from broker.store import TRANSIENT_DB_ERRORS
+from broker.store import DB_ERRORS
 
 from .context import Parked, Released, RunContext, Stopped
 from .errors import RunFailure
@@ -44,7 +42,7 @@ class Ask(NamedTuple):
 async def create(ctx: RunContext, ask: Ask) -> None:
     await ctx.write(
         lambda: approvals.create(
-            ctx.store.pool,
+            ctx.store,
             approval_id=ask.approval_id,
             run_id=ctx.run.run_id,
             epoch=ctx.writer.epoch,
@@ -113,7 +111,7 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
     journal's approvals (`durable.py`), for every agent, wait
     here."""
     sig = ctx.signals
-    pool = ctx.store.pool
+    store = ctx.store
     w = ctx.writer
     poll_s = ctx.settings.approval_poll_s
     park_after = ctx.settings.approval_park_after_s
@@ -134,12 +132,12 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
         try:
             if ctx.now_ms() >= expires_at_ms:
                 # StaleEpoch (not caught here) if the run was taken over.
-                info = await approvals.expire(pool, approval_id, run_id=w.run_id, epoch=w.epoch)
+                info = await approvals.expire(store, approval_id, run_id=w.run_id, epoch=w.epoch)
                 if info.decision is not None:
                     return DecisionInfo(info.decision, info.decided_by or "system", info.comment)
                 next_poll = loop.time() + poll_s  # PostgreSQL's clock is behind ours
             elif loop.time() >= next_poll:
-                info = await approvals.get(pool, approval_id)
+                info = await approvals.poll(store, approval_id)
                 if info.decision is not None:
                     return DecisionInfo(info.decision, info.decided_by or "", info.comment)
                 if parks_at is not None and loop.time() >= parks_at and sig.stop is None:
@@ -148,7 +146,7 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
                 next_poll = loop.time() + poll_s
                 if parks_at is not None:
                     next_poll = min(next_poll, max(parks_at, loop.time()))
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except DB_ERRORS as e:
             log.warning("approval %s: cannot read its state (%s); retrying", approval_id, e)
             next_poll = loop.time() + poll_s
         until_expiry = (expires_at_ms - ctx.now_ms()) / 1000

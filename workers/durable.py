@@ -51,7 +51,6 @@ import msgspec
 
 from broker import errors, events, ids, steps
 from broker.steps import StepRecord
-from broker.store import retry_transient
 
 from . import approving
 from .api import ChatMessage, Decision, encode_result, stable_id
@@ -144,12 +143,7 @@ class Journal:
 
     @classmethod
     async def load(cls, ctx: RunContext) -> Journal:
-        records = await retry_transient(
-            lambda: steps.load(ctx.store.pool, ctx.run.run_id),
-            for_s=ctx.settings.db_retry_s,
-            what="steps read",
-        )
-        return cls(ctx, records)
+        return cls(ctx, await steps.load(ctx.store, ctx.run.run_id))
 
     def used_s(self) -> float:
         """The run time the last durable row recorded (a resumed run's clock
@@ -557,7 +551,7 @@ class Journal:
         await self._ours(
             ctx.write(
                 lambda: steps.record(
-                    ctx.store.pool,
+                    ctx.store,
                     run_id=ctx.run.run_id,
                     epoch=ctx.writer.epoch,
                     idx=idx,

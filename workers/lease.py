@@ -28,9 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 
-import asyncpg
-
-from broker.store import TRANSIENT_DB_ERRORS, Ownership, Store
+from broker.store import DB_ERRORS, Ownership, Store
 
 from .signals import RunSignals
 
@@ -65,7 +63,7 @@ async def keep_lease(
                     stop = await store.interrupt_request(run_id)
                     if stop is not None:
                         signals.request_stop(*stop)
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except DB_ERRORS as e:
             if time.monotonic() - renewed >= outage_grace_s:
                 log.warning(
                     "run %s: lease not renewed for %.0f s (storage_outage_grace_s); giving it up",

@@ -1,7 +1,8 @@
 """A worker's liveness, as PostgreSQL sees it: a session-level advisory lock.
 
 At start a worker opens a connection of its own (not one of the pool's) and
-takes `pg_advisory_lock(LIVENESS_LOCK_NS, key)` with a random key; every run
+takes `pg_advisory_lock(LIVENESS_LOCK_NS, key)` with a random key
+(`broker/advisory.py`); every run
 it claims records that key (`runs.owner_lock`). PostgreSQL releases the lock
 the moment that connection ends: the process died (kill -9, OOM — the kernel
 closes its sockets and PostgreSQL sees the end at once), or PostgreSQL itself
@@ -34,10 +35,9 @@ import logging
 import secrets
 import time
 
-import asyncpg
-
 from broker import errors
-from broker.store import LIVENESS_LOCK_NS, TRANSIENT_DB_ERRORS
+from broker.advisory import SessionLock
+from broker.store import LIVENESS_LOCK_NS
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Liveness:
         self._dsn = dsn
         self._grace_s = grace_s
         self.key = 0
-        self._conn: asyncpg.Connection | None = None
+        self._lock: SessionLock | None = None
         self._held_since: float | None = None
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -72,7 +72,7 @@ class Liveness:
                     break
             else:
                 raise errors.StorageError("no free liveness lock key after 8 draws")
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, OSError) as e:
+        except errors.StorageError as e:
             raise errors.StorageError(f"cannot take the worker's liveness lock: {e}") from e
         self._task = asyncio.create_task(self._keep(), name="runlog-worker-liveness")
 
@@ -84,45 +84,30 @@ class Liveness:
 
     async def _take(self) -> bool:
         """Connect and take the lock; False if another session holds this key."""
-        conn = await asyncpg.connect(
-            self._dsn,
-            timeout=10,
-            # Idle by design: no server-side idle timeout may end it.
-            server_settings={"idle_session_timeout": "0"},
-        )
-        try:
-            got = await conn.fetchval(
-                "SELECT pg_try_advisory_lock($1, $2)", LIVENESS_LOCK_NS, self.key
-            )
-        except BaseException:
-            await _close(conn)
-            raise
-        if not got:
-            await _close(conn)
+        lock = await SessionLock.take(self._dsn, LIVENESS_LOCK_NS, self.key, self._on_lost)
+        if lock is None:
             return False
         self._lost.clear()
-        conn.add_termination_listener(lambda c: self._lost.set() if c is self._conn else None)
-        self._conn, self._held_since = conn, time.monotonic()
+        self._lock, self._held_since = lock, time.monotonic()
         return True
 
+    def _on_lost(self, lock: SessionLock) -> None:
+        if lock is self._lock:
+            self._lost.set()
+
     async def _drop(self) -> None:
-        conn, self._conn, self._held_since = self._conn, None, None
-        if conn is not None:
-            await _close(conn)
+        lock, self._lock, self._held_since = self._lock, None, None
+        if lock is not None:
+            await lock.release()
 
     async def _keep(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_PING_S):
                     await self._lost.wait()
-            conn = self._conn
-            if conn is not None and not self._lost.is_set():
-                try:
-                    async with asyncio.timeout(_PING_S):
-                        await conn.fetchval("SELECT 1")
-                    continue
-                except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, OSError, TimeoutError):
-                    pass
+            lock = self._lock
+            if lock is not None and not self._lost.is_set() and await lock.alive(_PING_S):
+                continue
             log.warning("worker liveness lock lost (PostgreSQL connection ended); taking it again")
             await self._drop()
             await self._retake()
@@ -135,14 +120,6 @@ class Liveness:
                     return
                 # Someone holds our key: only a session of ours PostgreSQL has
                 # not yet seen end. It goes soon; try again.
-            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, OSError, TimeoutError):
+            except errors.StorageError:
                 pass
             await asyncio.sleep(_RETRY_S)
-
-
-async def _close(conn: asyncpg.Connection) -> None:
-    try:
-        async with asyncio.timeout(2):
-            await conn.close()
-    except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, OSError, TimeoutError):
-        conn.terminate()

@@ -58,10 +58,10 @@ class TakeoverPlan(NamedTuple):
         # StaleEpoch, and its approvals are left to it.
         undecided = {
             a.tool_call_id
-            for a in await approvals.open_for_run(store.pool, writer.run_id)
+            for a in await approvals.open_for_run(store, writer.run_id)
             if a.decision is None and a.tool_call_id
         }
-        await approvals.close_open_for_run(store.pool, writer.run_id, writer.epoch)
+        await approvals.close_open_for_run(store, writer.run_id, writer.epoch)
         # A card whose call waited for its approval never ran: it gets its
         # result before the end, as when the run ends itself. (A card whose
         # tool may have started is left as the log has it.)
@@ -77,7 +77,7 @@ class TakeoverPlan(NamedTuple):
             # ran): the audit must name every side effect.
             at_seq = await writer.flush()
             done = await _side_effects_in_log(store, writer.run_id, side_effect_tools)
-            records = await steps.load(store.pool, writer.run_id)
+            records = await steps.load(store, writer.run_id)
             step = sum(r.name == turn_step for r in records) if turn_step else len(records)
             await writer.append(events.InterruptRequested(requested_by=by, reason=reason))
             audit = events.StopAudit(
@@ -113,7 +113,7 @@ async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
         why = "nothing logged, and restarted too often"
         log.warning("run %s: cannot be resumed (%s)", own.run_id, why)
         return TakeoverPlan("failed", False, None, why)
-    records = await steps.load(store.pool, own.run_id)
+    records = await steps.load(store, own.run_id)
     if records and records[-1].kind == "step" and not records[-1].done:
         # A not-retryable step (or tool) was running: the replay fails the
         # run (`Journal.prepare`), after giving its card a result.

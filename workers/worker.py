@@ -52,7 +52,6 @@ import socket
 import time
 from typing import NamedTuple
 
-import asyncpg
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
@@ -63,7 +62,7 @@ from broker import control, errors
 from broker.constants import JOBS_STREAM, JOBS_SUBJECT
 from broker.runtime import Broker
 from broker.settings import Settings
-from broker.store import TRANSIENT_DB_ERRORS, Ownership, RunInfo
+from broker.store import DB_ERRORS, Ownership, RunInfo
 
 from .adapters.factory import close_adapter, make_adapter, model_name
 from .api import Agent as AgentFn
@@ -282,7 +281,7 @@ class Worker:
             own = await store.claim_queued(
                 job.run_id, self.worker_id, self.settings.worker_lease_s, self._liveness.key
             )
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except DB_ERRORS as e:
             log.warning("job %s: PostgreSQL unavailable (%s); offered again later", job.run_id, e)
             await msg.nak(delay=1.0)
             return
@@ -337,7 +336,7 @@ class Worker:
             log.warning("wake-up of run %s: ack failed (%s)", run_id, e)
         try:
             await self._take_over(run_id, parked=True)
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except DB_ERRORS as e:
             log.warning("run %s: cannot wake it (%s); a reaper will", run_id, e)
 
     def _retry_delay(self, msg: Msg) -> float:
@@ -443,13 +442,13 @@ class Worker:
     async def _release(self, own: Ownership) -> None:
         try:
             await self.broker.store.release(own.run_id, own.epoch)
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except DB_ERRORS as e:
             log.warning("run %s: release failed (%s); its lease will run out", own.run_id, e)
 
     async def _park(self, own: Ownership, approval_id: str) -> None:
         try:
             parked = await self.broker.store.park(own.run_id, own.epoch, approval_id)
-        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+        except DB_ERRORS as e:
             log.warning("run %s: cannot park it (%s); its lease will run out", own.run_id, e)
             return
         if parked:
@@ -461,7 +460,7 @@ class Worker:
         while not self._draining:
             try:
                 await self._reap_once()
-            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as e:
+            except DB_ERRORS as e:
                 self._storage_trouble_at = time.monotonic()
                 log.warning("reaper round failed: %s", e)
             except nats.errors.Error as e:
@@ -499,7 +498,9 @@ class Worker:
                         if self._draining or len(self._runs) >= self.concurrency:
                             break
                         await self._take_over(run_id, orphan_of=lock)
-            except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, nats.errors.Error) as e:
+            except DB_ERRORS as e:
+                log.warning("orphaned runs round failed: %s", e)
+            except nats.errors.Error as e:
                 log.warning("orphaned runs round failed: %s", e)
             except Exception:
                 log.exception("orphaned runs round failed")

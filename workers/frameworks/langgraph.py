@@ -68,13 +68,12 @@ from workers.api import AgentContext, AgentError, Decision
 
 from ._langgraph_stream import Emit, StreamMapper
 
-__all__ = ["LangGraphAgent", "langgraph_agent"]
+__all__ = ["Checkpoints", "LangGraphAgent", "langgraph_agent"]
 
 log = logging.getLogger(__name__)
 
 # A list: given a tuple, astream yields bare payloads instead of (ns, mode, payload).
 _MODES: list[StreamMode] = ["messages", "updates", "custom"]
-_SETUP_LOCK_KEY = 0x72756E6C6F675F6C  # pg_advisory_lock: one checkpoint-table migration at a time
 _APPROVAL_CHARS = 500
 _DEFAULT_RECURSION_LIMIT = 25
 
@@ -144,11 +143,14 @@ def _as_json(value: Any) -> Any:
 # -- the checkpointer: runlog's PostgreSQL
 
 
-class _Checkpoints:
-    """One psycopg pool per DSN for the process's runs; the checkpoint tables
-    are migrated once (under an advisory lock: workers may start together).
-    Each run gets its own saver over the pool (a saver serializes its calls
-    behind one lock)."""
+class Checkpoints:
+    """One psycopg pool per DSN for the process's runs. Each run gets its own
+    saver over the pool (a saver serializes its calls behind one lock).
+
+    The checkpoint tables are runlog's migrations' (0011), never the saver's
+    `setup()`: opening a pool checks they are there, as recent as the
+    installed library's `MIGRATIONS` (`checkpoint_migrations`), and refuses
+    with `checkpoint_unavailable` naming `runlog migrate` otherwise."""
 
     def __init__(self, pool_size: int) -> None:
         self._size = pool_size
@@ -165,10 +167,24 @@ class _Checkpoints:
     async def _open(self, dsn: str) -> _Pool:
         try:
             async with await psycopg.AsyncConnection.connect(
-                dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+                dsn, autocommit=True, prepare_threshold=0
             ) as conn:
-                await conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK_KEY,))
-                await AsyncPostgresSaver(conn).setup()  # the lock ends with the session
+                # Two statements: a query naming a missing table fails to plan.
+                cur = await conn.execute("SELECT to_regclass('checkpoint_migrations')")
+                row = await cur.fetchone()
+                if row is not None and row[0] is not None:
+                    cur = await conn.execute("SELECT max(v) FROM checkpoint_migrations")
+                    row = await cur.fetchone()
+                else:
+                    row = None
+            migrated = -1 if row is None or row[0] is None else int(row[0])
+            if migrated < len(AsyncPostgresSaver.MIGRATIONS) - 1:
+                raise AgentError(
+                    "checkpoint_unavailable",
+                    "the graph's checkpoint tables are missing or older than the installed"
+                    " langgraph-checkpoint-postgres needs: run `runlog migrate`",
+                    retryable=True,
+                )
             pool = AsyncConnectionPool(
                 dsn,
                 connection_class=AsyncConnection[DictRow],
@@ -226,7 +242,7 @@ class LangGraphAgent:
         self._resume_value = resume_value
         self._node_status = node_status
         self._keep = keep_checkpoints
-        self._checkpoints = _Checkpoints(pool_size)
+        self._checkpoints = Checkpoints(pool_size)
 
     async def aclose(self) -> None:
         await self._checkpoints.aclose()
