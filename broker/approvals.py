@@ -27,16 +27,13 @@ is tried once, the worker's writes write); `decide` runs in its caller's transac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import asyncpg
 
 from . import errors
 from .fence import as_owner
-from .retry import reads, writes
-
-if TYPE_CHECKING:
-    from .store import Store
+from .retry import Database, reads, writes
 
 _COLUMNS = """a.approval_id, a.run_id, r.session_id, a.tool_call_id, a.summary,
     (extract(epoch FROM a.expires_at) * 1000)::bigint AS expires_at_ms,
@@ -61,7 +58,7 @@ class ApprovalInfo(NamedTuple):
 
 @writes("approval create")
 async def create(
-    store: Store,
+    store: Database,
     *,
     approval_id: str,
     run_id: str,
@@ -90,12 +87,12 @@ async def create(
 
 
 @reads("approval read")
-async def get(store: Store, approval_id: str) -> ApprovalInfo:
+async def get(store: Database, approval_id: str) -> ApprovalInfo:
     return await _get(store.pool, approval_id)
 
 
 @writes("approval poll")
-async def poll(store: Store, approval_id: str) -> ApprovalInfo:
+async def poll(store: Database, approval_id: str) -> ApprovalInfo:
     """`get`, tried once: for a caller that polls (its next round is the retry)."""
     return await _get(store.pool, approval_id)
 
@@ -157,7 +154,7 @@ async def decide(
 
 
 @writes("approval expiry")
-async def expire(store: Store, approval_id: str, *, run_id: str, epoch: int) -> ApprovalInfo:
+async def expire(store: Database, approval_id: str, *, run_id: str, epoch: int) -> ApprovalInfo:
     """Mark an undecided approval of the run past its expiry as expired (fenced
     by `epoch`); return what is stored (a decision that won the race stays)."""
     await as_owner(
@@ -173,7 +170,7 @@ async def expire(store: Store, approval_id: str, *, run_id: str, epoch: int) -> 
 
 
 @reads("approvals read")
-async def open_for_run(store: Store, run_id: str) -> list[ApprovalInfo]:
+async def open_for_run(store: Database, run_id: str) -> list[ApprovalInfo]:
     """Every approval of the run, decided or not, oldest first."""
     rows = await store.pool.fetch(
         f"SELECT {_COLUMNS} FROM approvals a JOIN runs r USING (run_id)"
@@ -184,7 +181,7 @@ async def open_for_run(store: Store, run_id: str) -> list[ApprovalInfo]:
 
 
 @writes("approval close")
-async def close_open_for_run(store: Store, run_id: str, epoch: int) -> int:
+async def close_open_for_run(store: Database, run_id: str, epoch: int) -> int:
     """When a run ends while an approval is still open (stopped, failed, taken
     over): mark it expired, so a late decision gets ApprovalExpired instead of
     being stored for a run that will never act on it. Fenced by `epoch`: the

@@ -11,19 +11,15 @@ functions (`retry.writes`) say how a failure is told.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from . import errors
-
-if TYPE_CHECKING:
-    from .store import Store
+from .retry import Database
 
 # The run's row, while `epoch` owns it: the write happens only if it is there.
 OWNER = """owner AS (SELECT run_id FROM runs
     WHERE run_id = $1 AND owner_epoch = $2 AND ended_at IS NULL FOR SHARE)"""
 
 
-async def as_owner(store: Store, run_id: str, epoch: int, write: str, *args: object) -> int:
+async def as_owner(store: Database, run_id: str, epoch: int, write: str, *args: object) -> int:
     """Run `write` (a statement that writes only rows joined to `owner`, with
     RETURNING; its own parameters start at $3) as the run's owner; return how
     many rows it wrote. StaleEpoch if `epoch` no longer owns the run."""

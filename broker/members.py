@@ -22,15 +22,10 @@ caller's transaction, `Store.change_member`, which writes).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import asyncpg
 
 from . import errors
-from .retry import reads
-
-if TYPE_CHECKING:
-    from .store import Store
+from .retry import Database, reads
 
 # Higher can do more (see gateway/auth.py for what each role may do).
 RANKS = {"viewer": 0, "approver": 1, "owner": 2}
@@ -107,7 +102,7 @@ async def change(
 
 @reads("roles read")
 async def stream_roles(
-    store: Store, streams: list[tuple[str, str, str]]
+    store: Database, streams: list[tuple[str, str, str]]
 ) -> list[tuple[str | None, str | None]]:
     """For each open stream (user_id, kind "run"/"session", id): (its session,
     the user's role there, None if not a member), in one query for all."""

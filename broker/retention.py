@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import asyncpg
 
 from . import errors
-from .retry import writes
-
-if TYPE_CHECKING:
-    from .store import Store
+from .retry import Database, writes
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +61,7 @@ class PruneReport(NamedTuple):
 
 @writes("prune")
 async def prune(
-    store: Store,
+    store: Database,
     *,
     older_than_s: float,
     dry_run: bool = False,

@@ -55,10 +55,23 @@ P = ParamSpec("P")
 class HasSettings(Protocol):
     """What `reads` / `writes` need of the object they are called on (the Store)."""
 
-    settings: Settings
+    @property
+    def settings(self) -> Settings: ...
 
 
 S = TypeVar("S", bound=HasSettings)
+
+
+class Database(Protocol):
+    """What the modules holding the store's SQL (approvals, steps, fence,
+    members, sessions, retention) use of the Store they are given: a Protocol,
+    so that they do not import the store, which imports them."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def pool(self) -> asyncpg.Pool: ...
 
 
 def unavailable(what: str) -> errors.StorageError:

@@ -26,15 +26,12 @@ caller's transaction, `Store.update_session`, which writes).
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import asyncpg
 
 from . import errors, ids
-from .retry import reads
-
-if TYPE_CHECKING:
-    from .store import Store
+from .retry import Database, reads
 
 RUN_POLICIES = ("reject", "enqueue", "interrupt")
 PAGE_SIZE = 100  # sessions per page of GET /v1/sessions
@@ -116,7 +113,7 @@ def ms(t: dt.datetime | None) -> int | None:
 
 @reads("sessions read")
 async def page(
-    store: Store, user_id: str, *, query: str = "",
+    store: Database, user_id: str, *, query: str = "",
     archived: bool = False, before: PageKey | None = None, limit: int = PAGE_SIZE,
 ) -> tuple[list[SessionSummary], PageKey | None]:  # fmt: skip
     """One page of `user_id`'s sessions (archived ones, or the others) whose

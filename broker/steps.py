@@ -10,13 +10,10 @@ an approval gets its decision) but keeps the epoch that created the row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from .fence import as_owner
-from .retry import reads, writes
-
-if TYPE_CHECKING:
-    from .store import Store
+from .retry import Database, reads, writes
 
 StepKind = Literal["step", "approval"]
 
@@ -33,7 +30,7 @@ class StepRecord(NamedTuple):
 
 
 @reads("steps read")
-async def load(store: Store, run_id: str) -> list[StepRecord]:
+async def load(store: Database, run_id: str) -> list[StepRecord]:
     rows = await store.pool.fetch(
         "SELECT idx, name, kind, done, result, seq, epoch, last_epoch FROM run_steps"
         " WHERE run_id = $1 ORDER BY idx",
@@ -44,7 +41,7 @@ async def load(store: Store, run_id: str) -> list[StepRecord]:
 
 @writes("step record")
 async def record(
-    store: Store,
+    store: Database,
     *,
     run_id: str,
     epoch: int,
