@@ -85,7 +85,7 @@ class LiveBus(Protocol):
 
     async def publish_live(self, subject: str, data: bytes, msg_id: str) -> asyncio.Future[int]:
         """Send one encoded LiveBatch (bus.encode_batch) on `subject`
-        (constants.run_events_subject); `msg_id` names it for deduplication
+        (constants.events_subject); `msg_id` names it for deduplication
         of a retried publish. The future resolves when the bus acknowledges."""
         ...
 
