@@ -38,9 +38,10 @@ import time
 from typing import Protocol
 
 from broker import errors
+from broker.backend import LogStore
 from broker.merge import HOLE, STALE, LiveBuffer, place, settle
 from broker.rows import ROW_CURSOR, ROW_SEQ, ROW_TYPE, PageRow, StoredEvent
-from broker.runtime import Broker
+from broker.settings import Settings
 from broker.subscribe import Subscription
 
 from .frames import EncodedBatch, contiguous, ws_events_frame, ws_wire
@@ -363,8 +364,25 @@ class SessionWatch(Protocol):
     def left(self, session_id: str, member: Member) -> None: ...
 
 
+class Log(Protocol):
+    """What the hub uses of its broker: runtime.Broker, or memory backends
+    (broker/backend_memory.py) in a test."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def store(self) -> LogStore: ...
+
+    async def subscribe(
+        self, *, run_id: str | None = None, session_id: str | None = None, after: int = 0
+    ) -> Subscription:
+        """A started Subscription (subscribe.py) of the run or session after `after`."""
+        ...
+
+
 class Hub:
-    def __init__(self, broker: Broker, metrics: GatewayMetrics, linger_s: float) -> None:
+    def __init__(self, broker: Log, metrics: GatewayMetrics, linger_s: float) -> None:
         self.broker = broker
         self.metrics = metrics
         self.linger_s = linger_s
