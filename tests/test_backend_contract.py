@@ -1,21 +1,26 @@
-"""One contract, two log stores: the same test body reads PostgreSQL
-(`store.Store`, written by the real appender) and `MemoryLog`, so the memory
-backend the server-free tests use (test_merge.py, test_hub_memory.py)
-answers as PostgreSQL does (broker/backend.py's LogStore contract). What
-retention deletes is tested on PostgreSQL in test_prune.py; MemoryLog's
-prune against the same rules here.
+"""One contract, two backends each: the same test body reads PostgreSQL
+(`store.Store`, written by the real appender) and `MemoryLog`, and follows
+NATS (`bus.Bus`) and `MemoryBus`, so the memory backends the server-free
+tests use (test_merge.py, test_hub_memory.py) answer as the servers do
+(broker/backend.py's LogStore and LiveBus contracts). What retention deletes
+is tested on PostgreSQL in test_prune.py; MemoryLog's prune against the
+same rules here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from collections.abc import Awaitable, Callable
 
 import msgspec
 import pytest
 
+from broker import constants as C
 from broker import errors, events
-from broker.backend import LogStore
-from broker.backend_memory import MemoryLog
+from broker.backend import LiveBus, LogStore
+from broker.backend_memory import MemoryBus, MemoryLog
+from broker.bus import LiveBatch, encode_batch
 from broker.rows import StoredEvent
 from broker.runtime import Broker
 
@@ -128,3 +133,48 @@ async def test_the_memory_log_commits_all_or_nothing_and_prunes_like_retention()
     log.unavailable = True
     with pytest.raises(errors.StorageError):
         await log.stream_page(False, "s", 0, 10)
+
+
+async def _the_live_contract(bus: LiveBus, run_id: str, other_run: str, session_id: str) -> None:
+    log = MemoryLog()  # builds the batches as the appender would
+    log.create_run(run_id, session_id)
+    log.create_run(other_run, session_id)
+    by_run: list[LiveBatch] = []
+    by_session: list[LiveBatch] = []
+    sub_run = await bus.subscribe_live(C.run_events_filter(run_id), by_run.append)
+    sub_session = await bus.subscribe_live(C.session_events_filter(session_id), by_session.append)
+    sent = [
+        log.append(run_id, events.RunStart()),
+        log.append(other_run, events.RunStart()),
+        log.append(run_id, *_texts(3, "a"), events.RunEnd(status="completed")),
+    ]
+    acks = []
+    for b in sent:
+        subject = C.events_subject(b.session_id, b.run_id)
+        acks.append(await bus.publish_live(subject, encode_batch(b), f"{b.run_id}:{b.seq}"))
+    assert all(isinstance(seq, int) for seq in await asyncio.wait_for(asyncio.gather(*acks), 5))
+    async with asyncio.timeout(5):
+        while len(by_run) < 2 or len(by_session) < 3:
+            await asyncio.sleep(0.005)
+    # In publish order (one publisher), each subscription its own filter's.
+    assert [(b.run_id, b.seq, b.cursor) for b in by_run] == [(run_id, 1, 1), (run_id, 2, 3)]
+    assert [(b.run_id, b.seq) for b in by_session] == [(run_id, 1), (other_run, 1), (run_id, 2)]
+    got = by_run[1]
+    assert (got.types, got.ended) == (["text_delta"] * 3 + ["run_end"], True)
+    assert [bytes(e) for e in got.events] == [bytes(e) for e in sent[2].events]
+    await sub_run.unsubscribe()
+    await sub_session.unsubscribe()
+    b = log.append(other_run, events.Status(code="after"))
+    subject = C.events_subject(b.session_id, b.run_id)
+    await asyncio.wait_for(await bus.publish_live(subject, encode_batch(b), "late"), 5)
+    await asyncio.sleep(0.05)
+    assert len(by_session) == 3  # nothing reaches a subscription once unsubscribed
+
+
+async def test_nats_keeps_the_live_bus_contract(broker: Broker) -> None:
+    n = secrets.token_hex(4)
+    await _the_live_contract(broker.bus, f"r_{n}a", f"r_{n}b", f"s_{n}")
+
+
+async def test_the_memory_bus_keeps_the_live_bus_contract() -> None:
+    await _the_live_contract(MemoryBus(), "r1", "r2", "s1")
