@@ -7,7 +7,9 @@ Contract of `Subscription` (an async iterator of event lists):
 - It subscribes to the live feed *before* reading history, buffering live
   batches meanwhile, so nothing committed during the replay is missed.
 - Live batches are deduplicated by position; a batch that starts past the
-  next expected position reveals a hole, filled from PostgreSQL.
+  next expected position reveals a hole, filled from PostgreSQL (those
+  decisions, and the bounded queue of live batches, are merge.py's, which
+  the gateway's hub shares).
 - When the live feed is quiet for `position_check_s`, it compares its
   position with PostgreSQL's head and fills the difference: a tail whose
   live message never came (NATS down, message dropped) still arrives.

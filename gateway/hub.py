@@ -11,7 +11,8 @@ Contract:
   while the topic's batches are buffered for it. Then, with no await between
   the check and the switch, it drains that buffer (dropping what it already
   sent, refilling from PostgreSQL if there is a hole) and goes live. So every
-  client gets every event after its cursor exactly once, in order.
+  client gets every event after its cursor exactly once, in order. (Those
+  decisions are broker/merge.py's, shared with Subscription.)
 - A topic nobody follows is closed after `hub_linger_s`.
 - Replays take turns (`replay_slots.py`): each page is read and queued in a
   turn, at most `max_concurrent_replays` at once per gateway, round-robin

@@ -138,7 +138,7 @@ async def make_world() -> AsyncIterator[Callable[..., World]]:
         await hub.close()
 
 
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = 2.0) -> None:
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not cond():
