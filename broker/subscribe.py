@@ -7,7 +7,9 @@ Contract of `Subscription` (an async iterator of event lists):
 - It subscribes to the live feed *before* reading history, buffering live
   batches meanwhile, so nothing committed during the replay is missed.
 - Live batches are deduplicated by position; a batch that starts past the
-  next expected position reveals a hole, filled from PostgreSQL.
+  next expected position reveals a hole, filled from PostgreSQL (those
+  decisions, and the bounded queue of live batches, are merge.py's, which
+  the gateway's hub shares).
 - When the live feed is quiet for `position_check_s`, it compares its
   position with PostgreSQL's head and fills the difference: a tail whose
   live message never came (NATS down, message dropped) still arrives.
@@ -29,17 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
-
-from nats.aio.subscription import Subscription as NatsSubscription
 
 from . import constants as C
 from . import errors
-from .bus import Bus, LiveBatch
+from .backend import LiveBus, LiveSubscription, LogStore
+from .bus import LiveBatch
+from .merge import HOLE, STALE, LiveBuffer, place
 from .metrics import BrokerMetrics
+from .rows import StoredEvent
 from .settings import Settings
-from .store import Store, StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,8 @@ def batch_items(batch: LiveBatch) -> list[StoredEvent]:
 class Subscription:
     def __init__(
         self,
-        store: Store,
-        bus: Bus | None,
+        store: LogStore,
+        bus: LiveBus | None,
         settings: Settings,
         metrics: BrokerMetrics,
         *,
@@ -84,10 +85,11 @@ class Subscription:
         # (ms, wall clock); 0 when it came from PostgreSQL.
         self.committed_ms = 0.0
         self._replaying = True
-        # Live batches not read yet, bounded by the events they hold (below).
-        self._queue: deque[LiveBatch] = deque()
-        self._queued_events = 0
-        self._overflowed = False
+        # Live batches not read yet, bounded by the events they hold (past
+        # the bound one is dropped; the next batch or the position check
+        # reveals the hole; one batch is always taken, however large: a hole
+        # has to end). `overflowed` names the next gap fill's cause.
+        self._queue: LiveBuffer[LiveBatch] = LiveBuffer(settings.live_buffer_max)
         # While the reader waits for the live feed: the future that wakes it
         # (True: something to do; False: quiet for position_check_s), and
         # when the feed last delivered (loop time).
@@ -96,7 +98,7 @@ class Subscription:
         self._last_live = 0.0
         self._sink: Sink | None = None  # set by follow()
         self._sink_error: Exception | None = None
-        self._nats_sub: NatsSubscription | None = None
+        self._live_sub: LiveSubscription | None = None
         self._by_run = run_id is not None
         self._ident = run_id if run_id is not None else session_id or ""
 
@@ -109,7 +111,7 @@ class Subscription:
                 if self.run_id is not None
                 else C.session_events_filter(self.session_id or "")
             )
-            self._nats_sub = await self.bus.subscribe_live(subject, self._on_live)
+            self._live_sub = await self.bus.subscribe_live(subject, self._on_live)
         try:
             head, ended = await self._head_and_end()
         except BaseException:
@@ -126,8 +128,8 @@ class Subscription:
         return self
 
     async def close(self) -> None:
-        if self._nats_sub is not None:
-            sub, self._nats_sub = self._nats_sub, None
+        if self._live_sub is not None:
+            sub, self._live_sub = self._live_sub, None
             try:
                 await sub.unsubscribe()
             except Exception:  # connection already closed: nothing to undo
@@ -170,19 +172,19 @@ class Subscription:
                     raise StopAsyncIteration from None
                 continue
             batch = self._queue.popleft()
-            self._queued_events -= len(batch.events)
-            items = self._fresh(batch_items(batch))
-            if not items:
+            at = self._place(batch)
+            if at == STALE:
                 continue
-            self.committed_ms = batch.committed_ms
-            if self._key(items[0]) != self.position + 1:
+            if at == HOLE:
                 self.committed_ms = 0.0
                 self.metrics.gap_fills.labels("gap").inc()
                 page = await self._page()
                 if page:
                     return self._deliver(page)
                 continue  # not visible yet on this connection: wait for more
-            return self._deliver(items)
+            self.committed_ms = batch.committed_ms
+            items = batch_items(batch)
+            return self._deliver(items[at:] if at else items)
 
     async def follow(self, sink: Sink) -> None:
         """Hand every event to `sink(items, committed_ms)` until the stream
@@ -230,7 +232,7 @@ class Subscription:
             waiter is not None
             and self._sink is not None
             and not waiter.done()
-            and (batch.seq if self._by_run else batch.cursor) == self.position + 1
+            and self._place(batch) == 0
         ):
             # The reader waits with nothing queued and this continues the
             # stream: hand it over now, from here.
@@ -245,25 +247,18 @@ class Subscription:
             if self.ended:
                 waiter.set_result(True)
             return
-        n = len(batch.events)
-        if self._queued_events and self._queued_events + n > self.settings.live_buffer_max:
-            # Drop it; the next batch or the position check reveals the hole.
-            # (One batch is always taken, however large: a hole has to end.)
-            self._overflowed = True
-            return
-        self._queued_events += n
-        self._queue.append(batch)
+        if not self._queue.put(batch, len(batch.events)):
+            return  # dropped: see _queue
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
 
     def _key(self, e: StoredEvent) -> int:
         return e.seq if self._by_run else e.cursor
 
-    def _fresh(self, items: list[StoredEvent]) -> list[StoredEvent]:
-        pos = self.position
-        if self._key(items[0]) > pos:
-            return items
-        return [e for e in items if self._key(e) > pos]
+    def _place(self, batch: LiveBatch) -> int:
+        """merge.place of a live batch: STALE, HOLE or where to deliver it from."""
+        first = batch.seq if self._by_run else batch.cursor
+        return place(self.position, first, first + len(batch.events) - 1)
 
     def _deliver(self, items: list[StoredEvent]) -> list[StoredEvent]:
         """Advance past `items` and return them (callers reset committed_ms for
@@ -291,8 +286,9 @@ class Subscription:
             if ended:
                 self.ended = True
             return []
-        self.metrics.gap_fills.labels("overflow" if self._overflowed else "position_check").inc()
-        self._overflowed = False
+        cause = "overflow" if self._queue.overflowed else "position_check"
+        self.metrics.gap_fills.labels(cause).inc()
+        self._queue.overflowed = False
         page = await self._page()
         if len(page) == self.settings.page_max_events:
             self._replaying = True  # far behind: page through before going live again

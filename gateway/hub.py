@@ -11,7 +11,8 @@ Contract:
   while the topic's batches are buffered for it. Then, with no await between
   the check and the switch, it drains that buffer (dropping what it already
   sent, refilling from PostgreSQL if there is a hole) and goes live. So every
-  client gets every event after its cursor exactly once, in order.
+  client gets every event after its cursor exactly once, in order. (Those
+  decisions are broker/merge.py's, shared with Subscription.)
 - A topic nobody follows is closed after `hub_linger_s`.
 - Replays take turns (`replay_slots.py`): each page is read and queued in a
   turn, at most `max_concurrent_replays` at once per gateway, round-robin
@@ -38,8 +39,10 @@ import time
 from typing import Protocol
 
 from broker import errors
+from broker.backend import LogStore
+from broker.merge import HOLE, STALE, LiveBuffer, place, settle
 from broker.rows import ROW_CURSOR, ROW_SEQ, ROW_TYPE, PageRow, StoredEvent
-from broker.runtime import Broker
+from broker.settings import Settings
 from broker.subscribe import Subscription
 
 from .frames import EncodedBatch, contiguous, ws_events_frame, ws_wire
@@ -65,9 +68,10 @@ class Member:
         self.live = False
         self.ended = False
         self.closed = False
-        self._pending: list[EncodedBatch] = []
-        self._pending_events = 0
-        self._pending_overflow = False
+        # Live batches held while catching up (merge.py: dropped past the bound).
+        self._held: LiveBuffer[EncodedBatch] = LiveBuffer(
+            topic.hub.pending_events_max, max_batches=_PENDING_MAX, first_always=False
+        )
         self._catchup: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -84,30 +88,28 @@ class Member:
         if self.closed or self.ended:
             return 0
         if not self.live:
-            n = self._pending_events + len(batch.items)
-            if len(self._pending) < _PENDING_MAX and n <= self.topic.hub.pending_events_max:
-                self._pending.append(batch)
-                self._pending_events = n
-            elif not self._pending_overflow:
-                self._pending_overflow = True
-                self.topic.hub.metrics.pending_overflows.inc()
+            held = self._held
+            if not held.overflowed and not held.put(batch, len(batch.items)):
+                self.topic.hub.metrics.pending_overflows.inc()  # once per catch-up
             return 0
-        if batch.last <= self.position:
+        at = place(self.position, batch.first, batch.last)
+        if at == STALE:
             return 0
-        if batch.first > self.position + 1:
+        if at == HOLE:
             # Cannot happen while the topic is gap-free, but if it does, the
             # member re-reads from PostgreSQL rather than skip anything.
             self.live = False
-            self._pending = [batch]
-            self._pending_events = len(batch.items)
+            self._held.clear()
+            self._held.put(batch, len(batch.items))
             self.start()
             return 0
-        return self._push(batch)
+        return self._push(batch, at)
 
-    def _push(self, batch: EncodedBatch) -> int:
-        # Negative only when PostgreSQL shows a hole before the batch (pruned
-        # runs leave holes in a session's cursors): nothing there to send.
-        start = max(0, self.position + 1 - batch.first)
+    def _push(self, batch: EncodedBatch, start: int = 0) -> int:
+        """Hand `batch` from its index `start` to the connection (`start`
+        from merge.place; 0 for a batch of page rows, which follows the
+        position or the hole PostgreSQL shows before it: pruned runs leave
+        holes in a session's cursors)."""
         conn = self.conn
         # Fast path: nothing queued and the socket keeps up, so the shared
         # wire frames go straight to it (no queue, no writer wake-up).
@@ -149,21 +151,14 @@ class Member:
                     continue
                 # At the head as of that read: switch to live if the buffer
                 # continues exactly where we are (no await from here on).
-                if self._pending_overflow:
-                    self._pending_overflow = False
-                    self._pending = []
-                    self._pending_events = 0
+                if self._held.overflowed:
+                    self._held.clear()
                     continue
-                pending, self._pending = self._pending, []
-                self._pending_events = 0
-                hole = False
-                for b in pending:
-                    if b.last <= self.position:
-                        continue
-                    if b.first > self.position + 1:
-                        hole = True
-                        break
-                    hub.metrics.events_fanned_out.inc(self._push(b))
+                go, _, hole = settle(
+                    self.position, ((b, b.first, b.last) for b in self._held.take())
+                )
+                for b, start in go:
+                    hub.metrics.events_fanned_out.inc(self._push(b, start))
                 if hole:
                     continue
                 self.live = True
@@ -253,7 +248,9 @@ class Member:
             return len(rows)
         n = 0
         for batch in contiguous(topic.key, [StoredEvent(*r) for r in rows], by_run):
-            n += self._push(batch)
+            at = place(self.position, batch.first, batch.last)
+            if at != STALE:  # HOLE: the hole PostgreSQL shows (a pruned run's cursors)
+                n += self._push(batch, max(at, 0))
         return n
 
     def close(self) -> None:
@@ -368,8 +365,25 @@ class SessionWatch(Protocol):
     def left(self, session_id: str, member: Member) -> None: ...
 
 
+class Log(Protocol):
+    """What the hub uses of its broker: runtime.Broker, or memory backends
+    (broker/backend_memory.py) in a test."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def store(self) -> LogStore: ...
+
+    async def subscribe(
+        self, *, run_id: str | None = None, session_id: str | None = None, after: int = 0
+    ) -> Subscription:
+        """A started Subscription (subscribe.py) of the run or session after `after`."""
+        ...
+
+
 class Hub:
-    def __init__(self, broker: Broker, metrics: GatewayMetrics, linger_s: float) -> None:
+    def __init__(self, broker: Log, metrics: GatewayMetrics, linger_s: float) -> None:
         self.broker = broker
         self.metrics = metrics
         self.linger_s = linger_s
