@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ from ag_ui.core import (
 from broker.settings import Settings
 from broker.sockets import LOOPBACK, free_port, port_is_free
 from gateway import auth
+from runlog import up as up_command
 from runlog.client import Client
 from runlog.supervisor import RestartBackoff, describe_exit
 
@@ -456,6 +458,36 @@ def test_restart_backoff_doubles_to_its_cap_and_resets_after_a_stable_run() -> N
     assert b.delay_after(9.9) == 10.0  # still crashing soon after its start
     assert b.delay_after(10.0) == 0.5  # it had been running fine: a new incident
     assert b.delay_after(0.1) == 1.0
+
+
+class _PipeEnd(io.BufferedIOBase):
+    """The writing end of a pipe that records each write(2) made to it."""
+
+    name = "<pipe>"
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes, /) -> int:  # type: ignore[override]
+        self.writes.append(bytes(b))
+        return len(b)
+
+
+def test_each_line_runlog_up_prints_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runlog up` and its children share one stdout pipe. Unbuffered (as
+    PYTHONUNBUFFERED=1 runs it here), print() writes a line and its newline
+    in two write(2)s, and a child's line written between them glued to ours:
+    "runlog up: gateway 1 (...) restarted ... as pid 7<the gateway's log line>",
+    which `Up.wait_line`'s `...$` never matched (the flake). One write(2) of
+    a whole line is atomic on a pipe (up to PIPE_BUF bytes)."""
+    pipe = _PipeEnd()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(pipe, write_through=True))
+    up_command._say("runlog is up")
+    up_command._say(up_command._row("console", "http://127.0.0.1:1/#token=t"))
+    assert pipe.writes == [b"runlog is up\n", b"  console:     http://127.0.0.1:1/#token=t\n"]
 
 
 def test_exit_descriptions() -> None:
