@@ -107,8 +107,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def browser() -> AsyncIterator[Browser]:
+    # One Chromium for the session: each test has contexts of its own (Pages).
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
     async with async_playwright() as pw:
