@@ -8,6 +8,10 @@ Contract:
   migrations are history, change the schema with a new file.
 - Concurrent runners (several `runlog migrate` at once) serialize on an
   advisory lock, so each file is applied exactly once.
+
+Beside it, the server-level statements a launcher needs before there is a
+schema (runlog/embedded.py and the tests' template database): `server_ready`
+and `create_database`. They live here so that asyncpg stays inside broker/.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .constants import MIGRATIONS_TABLE
 
 log = logging.getLogger(__name__)
 
+_IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _LOCK_KEY = 0x72756E6C6F67  # "runlog"
 
@@ -119,3 +124,49 @@ async def _apply_locked(conn: asyncpg.Connection, migrations: list[Migration]) -
         log.info("applied migration %04d_%s", m.version, m.name)
         done.append(m)
     return done
+
+
+# --- server administration (before any schema exists) ---------------------------
+
+
+async def server_ready(dsn: str, *, timeout_s: float = 5.0) -> bool:
+    """Whether the server at `dsn` answers a query now. While starting up,
+    PostgreSQL accepts TCP but refuses sessions ("the database system is
+    starting up", CannotConnectNowError): that is False, not an error."""
+    try:
+        conn = await asyncpg.connect(dsn, timeout=timeout_s)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return False
+    try:
+        return bool(await conn.fetchval("SELECT 1") == 1)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return False
+    finally:
+        conn.terminate()  # a probe: no need for a polite goodbye
+
+
+async def create_database(dsn: str, name: str, *, template: str | None = None) -> bool:
+    """Create database `name` on the server `dsn` connects to (a copy of
+    `template`, which no session may be using, when given); False when it
+    exists already. Names are plain identifiers (CREATE DATABASE takes no
+    parameters)."""
+    for ident in (name, template):
+        if ident is not None and not _IDENT_RE.match(ident):
+            raise ValueError(f"not a plain database name: {ident!r}")
+    try:
+        conn = await asyncpg.connect(dsn, timeout=5)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise errors.StorageError(f"cannot connect to PostgreSQL: {e}") from e
+    try:
+        if await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            return False
+        sql = f'CREATE DATABASE "{name}"'
+        if template is not None:
+            sql += f' TEMPLATE "{template}"'
+        try:
+            await conn.execute(sql)
+        except asyncpg.DuplicateDatabaseError:  # a concurrent creator won
+            return False
+        return True
+    finally:
+        await conn.close()

@@ -52,8 +52,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-import asyncpg
-
+from broker import migrate
 from broker.sockets import LOOPBACK, free_port, port_is_free
 
 NATS_START_TIMEOUT_S = 20.0
@@ -610,35 +609,11 @@ class PostgresProcess(_ServerProcess):
                 )
             await asyncio.sleep(_POLL_S)
 
-    async def _connect(self, database: str) -> asyncpg.Connection:
-        return await asyncpg.connect(
-            host=LOOPBACK, port=self.port, user=PG_SUPERUSER, database=database, timeout=5
-        )
-
     async def _select_1(self) -> bool:
-        # While starting up, postgres accepts TCP but answers "the database system
-        # is starting up" (CannotConnectNowError, a PostgresError).
-        try:
-            conn = await self._connect("postgres")
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            return False
-        try:
-            return bool(await conn.fetchval("select 1") == 1)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            return False
-        finally:
-            conn.terminate()  # a probe: no need for a polite goodbye
+        return await migrate.server_ready(self.url_for("postgres"))
 
     async def _ensure_database(self) -> None:
-        conn = await self._connect("postgres")
-        try:
-            found = await conn.fetchval("select 1 from pg_database where datname = $1", PG_DATABASE)
-            if not found:
-                # CREATE DATABASE cannot take parameters; the name is our constant.
-                with contextlib.suppress(asyncpg.DuplicateDatabaseError):
-                    await conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
-        finally:
-            await conn.close()
+        await migrate.create_database(self.url_for("postgres"), PG_DATABASE)
 
 
 # --- OS helpers for PostgreSQL ----------------------------------------------------

@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 
 from broker import errors, migrate
 from broker.runtime import Broker
@@ -78,7 +79,7 @@ async def run(settings: Settings, *, workers: int = 1, gateways: int = 1) -> Non
     # Never the public default: the children get this one by RUNLOG_JWT_SECRET.
     settings = secret.resolve(settings, create_missing=True)
     servers: list[NatsProcess | PostgresProcess] = []
-    supervisor = Supervisor(stop_timeout_s=_CHILD_STOP_S)
+    supervisor = Supervisor(stop_timeout_s=_CHILD_STOP_S, say=_say)
     held = contextlib.ExitStack()  # the ports bound here for the children, until they are gone
     try:
         nats_url, nats_pid = settings.nats_url, None
@@ -243,7 +244,11 @@ def _worker_metrics_ports(
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    # One write(2) for the line and its newline: the children write to the same
+    # pipe, and print() unbuffered (PYTHONUNBUFFERED) writes them apart, so a
+    # child's line could land between the two and glue itself to this one.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _row(label: str, value: str) -> str:

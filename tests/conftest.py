@@ -28,6 +28,7 @@ from broker.runtime import Broker
 from broker.settings import Settings
 from runlog.embedded import NatsProcess, PostgresProcess
 
+from . import pgseed
 from .browser_helpers import CHROMIUM, LAUNCH_ARGS
 from .helpers import FIXTURE_TASK_PREFIX, KillableStack, Stack, make_settings
 from .workerkit import purge_jobs
@@ -45,17 +46,29 @@ async def stack(tmp_root: Path) -> AsyncIterator[Stack]:
     nats_url = os.environ.get("RUNLOG_NATS_URL", "")
     database_url = os.environ.get("RUNLOG_DATABASE_URL", "")
     started: list[NatsProcess | PostgresProcess] = []
+
+    async def start_nats() -> None:
+        nonlocal nats_url
+        nats = NatsProcess(tmp_root / "nats")
+        started.append(nats)  # stopped in any case (a no-op if it never started)
+        await nats.start()
+        nats_url = nats.url
+
+    async def start_pg() -> None:
+        nonlocal database_url
+        # A copy of the session's migrated data folder: no initdb, no migration.
+        pgseed.copy_to(await pgseed.seed(tmp_root), tmp_root / "pg")
+        pg = PostgresProcess(tmp_root / "pg", fast_init=True)
+        started.append(pg)
+        await pg.start()
+        database_url = pg.url
+
     try:
-        if not nats_url:
-            nats = NatsProcess(tmp_root / "nats")
-            await nats.start()
-            started.append(nats)
-            nats_url = nats.url
-        if not database_url:
-            pg = PostgresProcess(tmp_root / "pg", fast_init=True)
-            await pg.start()
-            started.append(pg)
-            database_url = pg.url
+        async with asyncio.TaskGroup() as starting:  # side by side: seconds each
+            if not nats_url:
+                starting.create_task(start_nats())
+            if not database_url:
+                starting.create_task(start_pg())
         await migrate.apply(database_url)
         yield Stack(nats_url, database_url)
     finally:
@@ -67,9 +80,15 @@ async def stack(tmp_root: Path) -> AsyncIterator[Stack]:
 async def killable(tmp_root: Path) -> AsyncIterator[KillableStack]:
     nats = NatsProcess(tmp_root / "k-nats")
     pg = PostgresProcess(tmp_root / "k-pg", fast_init=True)
-    await nats.start()
-    await pg.start()
+
+    async def start_pg() -> None:
+        pgseed.copy_to(await pgseed.seed(tmp_root), tmp_root / "k-pg")
+        await pg.start()
+
     try:
+        async with asyncio.TaskGroup() as starting:
+            starting.create_task(nats.start())
+            starting.create_task(start_pg())
         await migrate.apply(pg.url)
         yield KillableStack(nats, pg)
     finally:
@@ -88,8 +107,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def browser() -> AsyncIterator[Browser]:
+    # One Chromium for the session: each test has contexts of its own (Pages).
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
     async with async_playwright() as pw:

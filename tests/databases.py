@@ -10,6 +10,7 @@ import asyncpg
 
 from broker import migrate
 
+from . import pgseed
 from .helpers import KillableStack
 
 
@@ -20,11 +21,10 @@ async def fresh_database(killable: KillableStack, prefix: str) -> AsyncIterator[
     tests left behind (a reaper would take them over), and table sizes (so
     the plans PostgreSQL picks) that the test chooses."""
     name = f"{prefix}_{secrets.token_hex(4)}"
-    await _admin(killable, f"CREATE DATABASE {name}")
+    # A copy of the session's migrated template (tests/pgseed.py), not a migration.
+    await migrate.create_database(killable.pg.url, name, template=pgseed.TEMPLATE)
     try:
-        url = killable.pg.url_for(name)
-        await migrate.apply(url)
-        yield url
+        yield killable.pg.url_for(name)
     finally:
         await _admin(killable, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 

@@ -1,6 +1,8 @@
 """The AG-UI upstream adapter (workers/frameworks/agui.py) against a real AG-UI
 server (tests/aguiserver.py: aiohttp + ag-ui-protocol's own encoder), with
-real workers, NATS and PostgreSQL."""
+real workers, NATS and PostgreSQL.
+
+The stop tests every adapter shares are tests/test_agent_contract.py's."""
 
 from __future__ import annotations
 
@@ -58,7 +60,6 @@ from .workerkit import (
     start,
     text_of,
     wait_event,
-    wait_until,
 )
 
 AGENT = "tests.agents.agui_agent:agent"
@@ -655,36 +656,6 @@ async def test_kill_9_after_a_tool_result_of_the_first_post_continues_from_it(
 
 
 # -- stop
-
-
-async def test_a_stop_closes_the_upstream_connection(
-    settings: Settings, upstream_env: Callable[[str], None]
-) -> None:
-    async def script(ex: Exchange) -> None:
-        await ex.started()
-        await ex.send(
-            TextMessageStartEvent(message_id="a1", role="assistant"),
-            TextMessageContentEvent(message_id="a1", delta="Working on it "),
-        )
-        await asyncio.Event().wait()  # generates forever, until the client goes
-
-    async with serving(script) as up, running_worker(settings, agent=AGENT) as (b, _):
-        upstream_env(up.url)
-        _, run_id = await start(b, "a long task")
-        await wait_event(b, run_id, "text_delta")
-        assert up.disconnects == 0
-        assert await b.interrupt(run_id, "alice", "enough") is True
-
-        async def closed() -> bool:
-            return up.disconnects == 1
-
-        await wait_until(closed, timeout_s=10)
-        evs = await read_run(b, run_id)
-    assert text_of(evs) == "Working on it "
-    intr, end = evs[-2], evs[-1]
-    assert isinstance(intr, events.InterruptRequested) and intr.requested_by == "alice"
-    assert isinstance(end, events.RunEnd) and end.status == "aborted"
-    assert end.stop is not None and end.stop.requested_by == "alice"
 
 
 # -- failures

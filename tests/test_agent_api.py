@@ -1,5 +1,7 @@
 """The agent API (workers/api.py): agents of our own run as runlog workers,
-in-process and as `runlog worker` processes killed mid-run."""
+in-process and as `runlog worker` processes killed mid-run.
+
+The stop tests every adapter shares are tests/test_agent_contract.py's."""
 
 from __future__ import annotations
 
@@ -82,19 +84,6 @@ async def test_an_approval_decides_the_agents_step(settings: Settings, tmp_path:
     assert [d.decision for d in of(ok, events.ApprovalDecided)] == ["approve"]
     assert (_count(tmp_path / "a", "delete"), _count(tmp_path / "r", "delete")) == (1, 0)
     assert ok[-1].status == no[-1].status == "completed"  # type: ignore[union-attr]
-
-
-async def test_a_stop_cancels_the_agent_and_ends_the_run_aborted(settings: Settings) -> None:
-    async with running_worker(settings, agent=f"{AGENTS}:stalls") as (b, _):
-        _, run_id = await start(b, "never")
-        await wait_event(b, run_id, "text_delta")
-        await b.interrupt(run_id, "alice", "changed my mind")
-        evs = await read_run(b, run_id, timeout_s=30)
-    assert api_agents.SEEN[run_id] == ["cancelled"]
-    assert [type(e).__name__ for e in evs[-2:]] == ["InterruptRequested", "RunEnd"]
-    end = evs[-1]
-    assert isinstance(end, events.RunEnd) and end.status == "aborted" and end.stop is not None
-    assert (end.stop.requested_by, end.stop.reason) == ("alice", "changed my mind")
 
 
 async def test_an_agent_that_ignores_its_cancellation_is_aborted_after_the_grace(

@@ -2,7 +2,9 @@
 library, offline: a graph of tests/agents/lg_agent.py (a langchain-core chat
 model that streams what the run's input asks for, a ToolNode, `interrupt()`),
 checkpointed in runlog's PostgreSQL, in-process and in `runlog worker`
-processes killed mid-run."""
+processes killed mid-run.
+
+The stop and tool-call tests every adapter shares are tests/test_agent_contract.py's."""
 
 from __future__ import annotations
 
@@ -133,39 +135,6 @@ async def test_tokens_reach_a_subscriber_as_the_model_produces_them(
     assert isinstance(end, events.RunEnd) and end.status == "completed"
     assert end.usage == events.Usage(input_tokens=5, output_tokens=4)
     assert left == 0  # an ended run's checkpoints are deleted
-
-
-async def test_a_tool_call_streams_its_arguments_then_its_result(
-    settings: Settings, tmp_path: Path
-) -> None:
-    async with running_worker(settings, agent=AGENT) as (b, _):
-        _, run_id = await start(b, _spec(tmp_path, say="Let me look.", tool="lookup"))
-        evs = await read_run(b, run_id)
-    assert _card(evs, "lookup") == [
-        ("start", "low"),
-        ("args", '{"q": '),
-        ("args", '"otters"}'),
-        ("end", None),
-        ("result", ("ok", "found 3 otters")),
-    ]
-    kinds = [type(e).__name__ for e in evs]
-    # A tool result follows the superstep that ran the tool (its step stored),
-    # so it comes after that superstep's own status.
-    assert kinds == [
-        "RunStart", "TextDelta", "TextDelta", "TextDelta",
-        "ToolCallStart", "ToolArgsDelta", "ToolArgsDelta", "ToolCallEnd", "Status",
-        "Progress", "Progress", "Status", "ToolResult",
-        "TextDelta", "TextDelta", "TextDelta", "TextDelta", "Status", "RunEnd",
-    ]  # fmt: skip
-    assert [(p.label, p.done, p.total) for p in of(evs, events.Progress)] == [
-        ("searching", 1, 2),
-        ("searching", 2, 2),
-    ]
-    assert text_of(evs) == "Let me look.Done: found 3 otters."
-    first, second = dict.fromkeys(e.message_id for e in of(evs, events.TextDelta))
-    assert first != second
-    assert [s.summary for s in of(evs, events.Status)] == ["llm", "tools", "llm"]
-    assert evs[-1].usage == events.Usage(input_tokens=10, output_tokens=9)  # type: ignore[union-attr]
 
 
 async def test_the_sessions_earlier_runs_are_the_graphs_history(
@@ -426,24 +395,6 @@ async def test_kill_9_while_a_node_beside_the_tools_runs_keeps_the_tools_result(
 
 
 # -- stop and failures
-
-
-async def test_a_stop_cancels_the_graph_and_closes_the_model_stream(
-    settings: Settings, tmp_path: Path
-) -> None:
-    name = "stop-" + secrets.token_hex(4)
-    async with running_worker(settings, agent=AGENT) as (b, _):
-        _, run_id = await start(b, _spec(tmp_path, say="Hello world", gate=name))
-        await wait_event(b, run_id, "text_delta")
-        await b.interrupt(run_id, "alice", "enough")
-        evs = await read_run(b, run_id, timeout_s=30)
-    assert not lg_agent.gate(name).is_set()  # the model never went on
-    assert lg_agent.SEEN[name] == ["CancelledError"]  # its stream was cancelled
-    (stop,) = of(evs, events.InterruptRequested)
-    assert (stop.requested_by, stop.reason) == ("alice", "enough")
-    end = evs[-1]
-    assert isinstance(end, events.RunEnd) and end.status == "aborted"
-    assert text_of(evs) == "Hello"  # what was produced is kept
 
 
 async def test_a_graph_exception_is_a_coded_run_error(settings: Settings, tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 real SDK, offline: its runs stream, call tools, wait for approvals decided
 through runlog, survive kill -9 of their worker, stop, and fail coded.
 
-The agent and its scripted model are tests/agents/oa_agent.py."""
+The agent and its scripted model are tests/agents/oa_agent.py.
+
+The stop and tool-call tests every adapter shares are tests/test_agent_contract.py's."""
 
 from __future__ import annotations
 
@@ -64,11 +66,6 @@ def _kept_text(evs: list[events.AnyEvent]) -> str:
     return "".join(d.delta for d in of(evs, events.TextDelta) if d.message_id not in reset)
 
 
-def _card_events(evs: list[events.AnyEvent]) -> list[events.AnyEvent]:
-    kinds = (events.ToolCallStart, events.ToolArgsDelta, events.ToolCallEnd, events.ToolResult)
-    return [e for e in evs if isinstance(e, kinds)]
-
-
 async def test_tokens_reach_a_subscriber_while_the_model_streams(settings: Settings) -> None:
     g = _tag()
     async with running_worker(settings, agent=AGENT) as (b, _):
@@ -91,29 +88,6 @@ async def test_tokens_reach_a_subscriber_while_the_model_streams(settings: Setti
     end = evs[-1]
     assert isinstance(end, events.RunEnd) and end.status == "completed"
     assert end.usage == events.Usage(input_tokens=11, output_tokens=3, reasoning_tokens=2)
-
-
-async def test_a_tool_call_streams_its_arguments_then_its_result(settings: Settings) -> None:
-    pieces = ['{"q"', ': "wea', 'ther"}']
-    async with running_worker(settings, agent=AGENT) as (b, _):
-        _, run_id = await start(b, _spec(tool="lookup", args=pieces))
-        evs = await read_run(b, run_id)
-    card = _card_events(evs)
-    assert [type(e).__name__ for e in card] == [
-        "ToolCallStart", "ToolArgsDelta", "ToolArgsDelta", "ToolArgsDelta", "ToolCallEnd",
-        "ToolResult",
-    ]  # fmt: skip
-    start_ = card[0]
-    assert isinstance(start_, events.ToolCallStart)
-    assert (start_.tool_name, start_.risk_level) == ("lookup", "low")
-    assert {getattr(e, "tool_call_id", None) for e in card} == {start_.tool_call_id}
-    assert [a.partial_json for a in of(evs, events.ToolArgsDelta)] == pieces
-    (result,) = of(evs, events.ToolResult)
-    assert (result.status, result.summary) == ("ok", "found weather")
-    assert text_of(evs) == "done: found weather"  # the model's second call saw the output
-    end = evs[-1]
-    assert isinstance(end, events.RunEnd) and end.status == "completed"
-    assert end.usage == events.Usage(input_tokens=16, output_tokens=4)
 
 
 async def test_the_sdk_context_is_made_per_run_by_the_factory(settings: Settings) -> None:
@@ -362,21 +336,6 @@ async def test_kill_9_after_a_tool_without_approval_ran_in_the_segment_fails_wor
         f"the run cannot be resumed: tool_result at seq {result.seq} after the last durable point",
     )
     assert isinstance(end, events.RunEnd) and end.status == "failed"
-
-
-async def test_a_stop_ends_the_sdk_run_and_closes_the_model_stream(settings: Settings) -> None:
-    tag = _tag()
-    async with running_worker(settings, agent=AGENT) as (b, _):
-        _, run_id = await start(b, _spec(stall=tag))
-        await wait_event(b, run_id, "text_delta")
-        await b.interrupt(run_id, "alice", "changed my mind")
-        evs = await read_run(b, run_id, timeout_s=30)
-    # The model's stream was cancelled (not left running, not finished).
-    assert oa_agent.SEEN[tag] == ["CancelledError"]
-    assert [type(e).__name__ for e in evs[-2:]] == ["InterruptRequested", "RunEnd"]
-    end = evs[-1]
-    assert isinstance(end, events.RunEnd) and end.status == "aborted" and end.stop is not None
-    assert (end.stop.requested_by, end.stop.reason) == ("alice", "changed my mind")
 
 
 async def test_sdk_failures_become_coded_run_errors(settings: Settings) -> None:

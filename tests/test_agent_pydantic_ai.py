@@ -1,6 +1,8 @@
 """The Pydantic AI adapter (workers/frameworks/pydantic_ai.py) with the real
 library: a Pydantic AI agent on its own `FunctionModel` (tests/agents/pa_agent.py)
-run by runlog workers, in-process and as `runlog worker` processes."""
+run by runlog workers, in-process and as `runlog worker` processes.
+
+The stop and tool-call tests every adapter shares are tests/test_agent_contract.py's."""
 
 from __future__ import annotations
 
@@ -84,25 +86,6 @@ async def test_tokens_reach_a_subscriber_while_the_model_streams(settings: Setti
     assert isinstance(end, events.RunEnd) and end.status == "completed"
     # FunctionModel's own estimate of the request and the streamed answer.
     assert end.usage == events.Usage(input_tokens=50, output_tokens=6)
-
-
-async def test_a_tool_call_streams_its_arguments_then_its_result(settings: Settings) -> None:
-    async with running_worker(settings, agent=AGENT) as (b, _):
-        _, run_id = await start(b, _input(do="lookup"))
-        evs = await read_run(b, run_id)
-    assert _types(evs) == [
-        "RunStart", "ToolCallStart", "ToolArgsDelta", "ToolArgsDelta", "ToolCallEnd",
-        "ToolResult", "TextDelta", "RunEnd",
-    ]  # fmt: skip
-    (card,) = of(evs, events.ToolCallStart)
-    assert (card.tool_name, card.risk_level) == ("lookup", "low")
-    assert [d.partial_json for d in of(evs, events.ToolArgsDelta)] == ['{"city": ', '"Paris"}']
-    (result,) = of(evs, events.ToolResult)
-    assert (result.status, result.output) == ("ok", None)  # raw output: tool_raw_output is off
-    ids_ = {e.tool_call_id for e in evs if hasattr(e, "tool_call_id")}
-    assert ids_ == {card.tool_call_id}
-    assert text_of(evs) == "lookup: sunny in Paris"  # the model got the tool's return
-    assert evs[-1].status == "completed"  # type: ignore[union-attr]
 
 
 async def test_the_sessions_earlier_runs_are_the_message_history(settings: Settings) -> None:
@@ -359,22 +342,6 @@ async def test_kill_9_after_a_tool_without_approval_ran_in_the_segment_fails_wor
         f"the run cannot be resumed: tool_result at seq {result.seq} after the last durable point",
     )
     assert isinstance(end, events.RunEnd) and end.status == "failed"
-
-
-async def test_a_stop_closes_the_models_stream_and_aborts_the_run(
-    settings: Settings, tmp_path: Path
-) -> None:
-    async with running_worker(settings, agent=AGENT) as (b, _):
-        _, run_id = await start(b, _input(do="hang", dir=str(tmp_path)))
-        await wait_event(b, run_id, "text_delta")
-        assert await b.interrupt(run_id, "bob", "enough") is True
-        evs = await read_run(b, run_id, timeout_s=30)
-    assert _types(evs) == ["RunStart", "TextDelta", "InterruptRequested", "RunEnd"]
-    end = evs[-1]
-    assert isinstance(end, events.RunEnd) and end.status == "aborted"
-    assert text_of(evs) == "Working"  # what streamed before the stop is kept
-    # The cancellation reached the model's stream at the await it was blocked on.
-    assert (tmp_path / "closed").read_text() == "CancelledError"
 
 
 @pytest.mark.parametrize(

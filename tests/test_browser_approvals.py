@@ -76,6 +76,10 @@ class Deployment:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def deployment(settings: Settings, tmp_root: Path) -> AsyncIterator[Deployment]:
     gws = _gateway_pair(settings, tmp_root)
+    for g in gws:
+        # A token revoked straight in the store (no NATS message) is refused at the
+        # next re-check: a second, not the default 30 s the bad-tokens test waited.
+        g.env["RUNLOG_ACCESS_RECHECK_S"] = "1"
     try:
         await _start(gws)
         yield Deployment(settings, gws, tmp_root)

@@ -1,6 +1,9 @@
 """The embedded launcher: real nats-server and real PostgreSQL, crashed and restarted.
 
 These start their own servers (not the session-wide ones) because they kill them.
+A first start's initdb is tested by test_postgres_row_survives_kill and the
+root one; the other PostgreSQL tests start on a copy of the session's
+initialised folder (tests/pgseed.py), as any later start finds its folder.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import asyncpg
 import nats
 import psutil
 import pytest
+import pytest_asyncio
 from nats.js.api import StorageType
 
 from broker.sockets import free_port, port_is_free
 from runlog.embedded import ClusterSpec, NatsProcess, PostgresProcess
+
+from . import pgseed
 
 T = TypeVar("T")
 
@@ -45,6 +51,11 @@ def data_root() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="runlog-test-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture
+async def pg_seed(tmp_root: Path) -> Path:
+    return await pgseed.seed(tmp_root)
 
 
 # Tiny synchronous file checks, kept out of the async tests' bodies.
@@ -126,8 +137,9 @@ async def test_postgres_row_survives_kill(data_root: Path) -> None:
             await conn.close()
 
 
-async def test_postgres_restart_without_wait(data_root: Path) -> None:
+async def test_postgres_restart_without_wait(data_root: Path, pg_seed: Path) -> None:
     """restart() straight after kill() waits for the old instance itself."""
+    pgseed.copy_to(pg_seed, data_root / "pg")
     async with PostgresProcess(data_root / "pg", fast_init=True) as pg:
         pg.kill()
         await pg.restart()
@@ -138,8 +150,9 @@ async def test_postgres_restart_without_wait(data_root: Path) -> None:
             await conn.close()
 
 
-async def test_postgres_long_data_dir_uses_short_socket_dir(data_root: Path) -> None:
+async def test_postgres_long_data_dir_uses_short_socket_dir(data_root: Path, pg_seed: Path) -> None:
     deep = data_root / ("x" * 60) / ("y" * 60)
+    pgseed.copy_to(pg_seed, deep)
     async with PostgresProcess(deep, fast_init=True) as pg:
         # Line 5 of postmaster.pid is the socket folder the server really uses.
         socket_dir = Path(read_lines(Path(pg.data_dir) / "postmaster.pid")[4])
@@ -226,7 +239,11 @@ asyncio.run(main())
 
 
 @pytest.mark.parametrize("kind", ["nats", "postgres"])
-async def test_a_server_stops_when_its_parent_is_sigkilled(kind: str, data_root: Path) -> None:
+async def test_a_server_stops_when_its_parent_is_sigkilled(
+    kind: str, data_root: Path, tmp_root: Path
+) -> None:
+    if kind == "postgres":
+        pgseed.copy_to(await pgseed.seed(tmp_root), data_root / kind)
     parent = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _PARENT, kind, str(data_root / kind),
         stdout=asyncio.subprocess.PIPE,

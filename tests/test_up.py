@@ -3,7 +3,11 @@ with it, names a busy port, and prints every child's pid and port.
 
 One `runlog up --gateways 2` serves the tests of this module (a stack takes
 seconds to start); the test that SIGKILLs it starts it again on the same data
-folder and ports, so every test finds it running whatever the order.
+folder and ports, so every test finds it running whatever the order. It starts
+from an empty data folder (initdb, migrations: the first start a user makes);
+the stacks of their own that other tests start get a copy of the session's
+initialised and migrated PostgreSQL folder instead (tests/pgseed.py), as a
+second `runlog up` on a folder finds it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import os
 import re
 import shutil
@@ -37,9 +42,11 @@ from ag_ui.core import (
 from broker.settings import Settings
 from broker.sockets import LOOPBACK, free_port, port_is_free
 from gateway import auth
+from runlog import up as up_command
 from runlog.client import Client
 from runlog.supervisor import RestartBackoff, describe_exit
 
+from . import pgseed
 from .aguiserver import Exchange, serving
 from .helpers import FIXTURE_TASK_PREFIX
 from .procs import RunlogProcess
@@ -47,7 +54,7 @@ from .procs import RunlogProcess
 # Fast enough to keep the tests short, slow enough that the `long` run
 # (2,000 tokens) streams for several seconds: a gateway dies mid-stream.
 TOKENS_PER_S = 250
-UP_READY_S = 120.0  # first start: initdb, migrations, children
+UP_READY_S = 120.0  # a first start: initdb, migrations, children
 
 
 def _consecutive_free_ports(n: int) -> int:
@@ -111,8 +118,10 @@ class Up:
         *,
         args: tuple[str, ...] = (),
         cwd: Path | None = None,
+        seed: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.seed = seed  # a PostgreSQL folder to start from, not initdb (tests/pgseed.py)
         self.gateways = gateways
         self.args = args
         self.cwd = cwd
@@ -140,6 +149,9 @@ class Up:
         return [self.url(k) for k in range(1, self.gateways + 1)]
 
     async def start(self) -> None:
+        pg_dir = self.data_dir / "postgres"  # where `runlog up` keeps it
+        if self.seed is not None and not pg_dir.exists():
+            pgseed.copy_to(self.seed, pg_dir)
         self.lines.clear()
         self.errors.clear()
         self.proc = await asyncio.create_subprocess_exec(
@@ -256,6 +268,11 @@ def data_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="runlog-up-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def pg_seed(tmp_root: Path) -> Path:
+    return await pgseed.seed(tmp_root)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -458,6 +475,36 @@ def test_restart_backoff_doubles_to_its_cap_and_resets_after_a_stable_run() -> N
     assert b.delay_after(0.1) == 1.0
 
 
+class _PipeEnd(io.BufferedIOBase):
+    """The writing end of a pipe that records each write(2) made to it."""
+
+    name = "<pipe>"
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes, /) -> int:  # type: ignore[override]
+        self.writes.append(bytes(b))
+        return len(b)
+
+
+def test_each_line_runlog_up_prints_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runlog up` and its children share one stdout pipe. Unbuffered (as
+    PYTHONUNBUFFERED=1 runs it here), print() writes a line and its newline
+    in two write(2)s, and a child's line written between them glued to ours:
+    "runlog up: gateway 1 (...) restarted ... as pid 7<the gateway's log line>",
+    which `Up.wait_line`'s `...$` never matched (the flake). One write(2) of
+    a whole line is atomic on a pipe (up to PIPE_BUF bytes)."""
+    pipe = _PipeEnd()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(pipe, write_through=True))
+    up_command._say("runlog is up")
+    up_command._say(up_command._row("console", "http://127.0.0.1:1/#token=t"))
+    assert pipe.writes == [b"runlog is up\n", b"  console:     http://127.0.0.1:1/#token=t\n"]
+
+
 def test_exit_descriptions() -> None:
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
@@ -553,7 +600,9 @@ _DOCS = Path(__file__).resolve().parent.parent / "docs" / "agents.md"
 
 
 @pytest.mark.timeout(300)
-async def test_runlog_up_runs_the_agent_of_the_docs_quickstart(data_dir: Path) -> None:
+async def test_runlog_up_runs_the_agent_of_the_docs_quickstart(
+    data_dir: Path, pg_seed: Path
+) -> None:
     """docs/agents.md's first example, saved as myagent.py in a folder of its
     own and started from there with `runlog up --agent myagent:agent`."""
     example = re.search(r"```python\n(# myagent\.py\n.*?)```", _DOCS.read_text(), re.S)
@@ -561,7 +610,13 @@ async def test_runlog_up_runs_the_agent_of_the_docs_quickstart(data_dir: Path) -
     app = data_dir / "app"
     app.mkdir()
     (app / "myagent.py").write_text(example.group(1))
-    stack = Up(data_dir / "agent-stack", gateways=1, args=("--agent", "myagent:agent"), cwd=app)
+    stack = Up(
+        data_dir / "agent-stack",
+        gateways=1,
+        args=("--agent", "myagent:agent"),
+        cwd=app,
+        seed=pg_seed,
+    )
     try:
         await stack.start()
         got: list[dict[str, object]] = []
@@ -616,12 +671,13 @@ async def _agui_hello(ex: Exchange) -> None:
     ids=["langgraph", "openai-agents", "pydantic-ai", "agui"],
 )
 async def test_runlog_up_runs_each_frameworks_agent(
-    data_dir: Path, agent: str, input: str, text: str
+    data_dir: Path, pg_seed: Path, agent: str, input: str, text: str
 ) -> None:
     """`runlog up --agent` with each adapter's test agent (the AG-UI one in
     front of an upstream in this process): a run streams and completes."""
     async with serving(_agui_hello) as upstream:
-        stack = Up(data_dir / f"up-{agent.split('.')[2]}", gateways=1, args=("--agent", agent))
+        folder = data_dir / f"up-{agent.split('.')[2]}"
+        stack = Up(folder, gateways=1, args=("--agent", agent), seed=pg_seed)
         stack.env["RUNLOG_AGUI_URL"] = upstream.url
         try:
             await stack.start()

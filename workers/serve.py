@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -42,7 +43,8 @@ async def serve(settings: Settings, stop: asyncio.Event, *, concurrency: int | N
         runner = await start_http(worker, settings.gateway_host, settings.worker_metrics_port, sock)
         await worker.start()
         url = f"http://{settings.gateway_host}:{bound_port(runner)}/metrics"
-        print(f"runlog worker {worker.worker_id} ready; metrics {url}", flush=True)
+        sys.stdout.write(f"runlog worker {worker.worker_id} ready; metrics {url}\n")  # one write(2)
+        sys.stdout.flush()
         await stop.wait()
         log.info("stopping: draining")
     finally:
