@@ -337,6 +337,8 @@ def _mint(settings: Settings, user: str, ttl_s: float | None) -> str:
 
     from . import secret
 
+    if ttl_s is not None and not ttl_s >= 1:  # also nan; `exp` would be `iat` or before
+        raise errors.ClientError(f"a token must live at least 1 s; asked for {ttl_s} s")
     settings = secret.resolve(settings, create_missing=False)
     token = auth.mint(settings, user, ttl_s)
     if auth.secret_is_public(settings):

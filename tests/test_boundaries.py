@@ -14,12 +14,6 @@ from .workerkit import REPO
 
 _OUTSIDE = ("workers", "gateway", "runlog")
 
-# Modules that still use asyncpg themselves, each with why; the lead empties it.
-PENDING = {
-    # moved by the template-database change (another branch of issue 23)
-    "runlog/embedded.py",
-}
-
 
 def _sources(tops: tuple[str, ...]) -> list[Path]:
     return [p for top in tops for p in sorted((REPO / top).rglob("*.py"))]
@@ -86,14 +80,8 @@ def _driver_returns(path: Path) -> list[str]:
 
 
 def test_nothing_outside_the_broker_uses_asyncpg() -> None:
-    found = [u for p in _sources(_OUTSIDE) if _rel(p) not in PENDING for u in _asyncpg_uses(p)]
+    found = [u for p in _sources(_OUTSIDE) for u in _asyncpg_uses(p)]
     assert found == []
-
-
-def test_the_pending_modules_are_still_pending() -> None:
-    # A module moved off asyncpg leaves PENDING, so the exemption cannot outlive it.
-    for rel in PENDING:
-        assert _asyncpg_uses(REPO / rel), f"{rel} no longer uses asyncpg: take it out of PENDING"
 
 
 def test_nothing_outside_the_broker_reaches_the_pool() -> None:
