@@ -1,0 +1,289 @@
+"""The agent runner (workers/runner.py) on the memory backends
+(broker/backend_memory.py: MemoryStore, MemoryRunWriter over a MemoryLog):
+agents written against workers.api complete, fail with their code, replay a
+step after a takeover without running it again, wait for an approval that is
+decided meanwhile, stop, and lose the run to a newer epoch; and the built-in
+loop's tool that loses the run while it runs. Milliseconds each, no server;
+what only PostgreSQL and NATS show (the fence's locks, outages, a worker
+killed for real) stays in test_agent_api.py, test_worker_*.py.
+
+Every test checks the run's whole log as the store holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from broker import errors, events
+from broker.backend_memory import MemoryRunWriter, MemoryStore
+from broker.settings import Settings
+from workers.api import Agent, AgentContext, AgentError
+from workers.context import RunContext
+from workers.metrics import WorkerMetrics
+from workers.runner import Outcome, run_agent
+from workers.signals import RunSignals
+from workers.tools import ToolRegistry
+
+RUN, SESSION = "r_1", "s_1"
+
+
+def _settings(**changes: object) -> Settings:
+    # Poll for a decision often and never park: the test decides on the store.
+    quick: dict[str, object] = {"approval_poll_s": 0.005, "approval_park_after_s": -1.0}
+    return dataclasses.replace(Settings(), **{**quick, **changes})  # type: ignore[arg-type]
+
+
+class Worker:
+    """What a worker does with a run, on the memory store: claim it (a new
+    epoch), build its RunContext with that epoch's writer, run the agent."""
+
+    def __init__(self, store: MemoryStore, settings: Settings, registry: ToolRegistry) -> None:
+        self.store = store
+        self.settings = settings
+        self.registry = registry
+        self.signals = RunSignals()
+        self.resumes: list[str] = []
+        self.writer: MemoryRunWriter | None = None
+
+    async def run(self, agent: Agent, *, resumed: bool = False) -> Outcome:
+        own = self.store.claim(RUN)
+        self.writer = self.store.writer(own)
+        ctx = RunContext(
+            writer=self.writer,
+            run=await self.store.get_run(RUN),
+            signals=self.signals,
+            store=self.store,
+            settings=self.settings,
+            metrics=WorkerMetrics(CollectorRegistry()),
+            registry=self.registry,
+        )
+        ctx.on_resume = self.resumes.append
+        return await run_agent(ctx, agent, resumed=resumed)
+
+
+class World:
+    def __init__(self, *, model: str = "m", **changes: object) -> None:
+        self.store = MemoryStore()
+        self.settings = _settings(**changes)
+        self.store.create_run(RUN, SESSION, input="hello", model=model, started_by="alice")
+
+    def worker(self, registry: ToolRegistry | None = None) -> Worker:
+        return Worker(self.store, self.settings, registry or ToolRegistry())
+
+    def log(self) -> list[events.AnyEvent]:
+        return [events.decode_stored(e.payload) for e in self.store.log._run(RUN).events]
+
+    def types(self) -> list[str]:
+        return [str(e.__struct_config__.tag) for e in self.log()]
+
+
+async def _until(cond: Callable[[], bool | Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            got = cond()
+            if not isinstance(got, bool):
+                got = await got
+            if got:
+                return
+            await asyncio.sleep(0.001)
+
+
+def _only(evs: list[events.AnyEvent], kind: type[events.AnyEvent]) -> list[events.AnyEvent]:
+    return [e for e in evs if isinstance(e, kind)]
+
+
+async def test_a_run_that_completes_is_logged_from_run_start_to_run_end() -> None:
+    w = World()
+    calls: list[str] = []
+
+    async def agent(ctx: AgentContext) -> None:
+        async def search() -> dict[str, int]:
+            calls.append("search")
+            return {"hits": 3}
+
+        found = await ctx.step("search", search)
+        m = ctx.message_id()
+        await ctx.text(m, "found ")
+        await ctx.text(m, str(found["hits"]))
+        ctx.usage(input_tokens=7, output_tokens=2)
+
+    assert await w.worker().run(agent) == "completed"
+    evs = w.log()
+    assert w.types() == ["run_start", "text_delta", "text_delta", "run_end"]
+    assert [e.seq for e in evs] == [1, 2, 3, 4]
+    assert {(e.run_id, e.session_id) for e in evs} == {(RUN, SESSION)}
+    start = evs[0]
+    assert isinstance(start, events.RunStart)
+    assert (start.model, start.started_by, start.input) == ("m", "alice", "hello")
+    assert [e.delta for e in evs[1:3]] == ["found ", "3"]  # type: ignore[union-attr]
+    assert evs[-1] == events.RunEnd(
+        run_id=RUN, session_id=SESSION, seq=4, ts=evs[-1].ts, status="completed",
+        usage=events.Usage(input_tokens=7, output_tokens=2),
+    )  # fmt: skip
+    assert calls == ["search"]
+    (step,) = await w.store.load_steps(RUN)
+    assert (step.idx, step.name, step.kind, step.done, step.seq, step.epoch) == (
+        0, "search", "step", True, 1, 1,
+    )  # fmt: skip
+    assert (await w.store.get_run(RUN)).status == "completed"
+
+
+async def test_an_agent_error_fails_the_run_with_its_code() -> None:
+    w = World()
+
+    async def agent(ctx: AgentContext) -> None:
+        raise AgentError("index_offline", "the search index is offline", retryable=True)
+
+    assert await w.worker().run(agent) == "failed"
+    assert w.types() == ["run_start", "run_error", "run_end"]
+    _, err, end = w.log()
+    assert isinstance(err, events.RunError) and isinstance(end, events.RunEnd)
+    assert (err.code, err.retryable, err.message) == (
+        "index_offline", True, "the search index is offline",
+    )  # fmt: skip
+    assert (end.seq, end.status, end.stop) == (3, "failed", None)
+
+
+async def test_a_takeover_replays_a_finished_step_without_running_it_again() -> None:
+    w = World()
+    calls: list[int] = []
+    first = w.worker()
+    hang = asyncio.Event()  # the first owner never gets past its text
+
+    def agent(owner: Worker) -> Agent:
+        async def run(ctx: AgentContext) -> None:
+            async def search() -> dict[str, int]:
+                calls.append(owner.writer.epoch if owner.writer else 0)
+                return {"hits": 3}
+
+            found = await ctx.step("search", search)
+            await ctx.text(ctx.message_id(), f"found {found['hits']}")
+            if owner is first:
+                await hang.wait()
+
+        return run
+
+    task = asyncio.ensure_future(first.run(agent(first)))
+    await _until(lambda: w.types() == ["run_start", "text_delta"])
+    # The first owner is presumed dead: its worker cancels it, another takes the run.
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    second = w.worker()
+    assert await second.run(agent(second), resumed=True) == "completed"
+    assert calls == [1]  # the step ran once, under epoch 1; the replay got its result
+    assert second.resumes == ["resumed"]
+    evs = w.log()
+    assert w.types() == [
+        "run_start", "text_delta", "message_reset", "status", "text_delta", "run_end",
+    ]  # fmt: skip
+    assert [e.seq for e in evs] == [1, 2, 3, 4, 5, 6]
+    _, lost, reset, status, again, end = evs
+    assert isinstance(lost, events.TextDelta) and isinstance(again, events.TextDelta)
+    assert isinstance(reset, events.MessageReset) and isinstance(status, events.Status)
+    assert (lost.delta, again.delta, reset.message_id) == ("found 3", "found 3", lost.message_id)
+    assert (status.code, status.summary) == ("resumed", "resumed by another worker")
+    assert isinstance(end, events.RunEnd) and end.status == "completed"
+    (step,) = await w.store.load_steps(RUN)
+    assert (step.name, step.done, step.epoch, step.last_epoch) == ("search", True, 1, 1)
+    assert (await w.store.get_run(RUN)).takeovers == 1
+
+
+async def test_an_approval_asked_then_decided_meanwhile_lets_the_agent_go_on() -> None:
+    w = World()
+    worker = w.worker()
+
+    async def agent(ctx: AgentContext) -> None:
+        d = await ctx.approval("delete 3 rows?")
+        await ctx.text(ctx.message_id(), f"{d.decision} by {d.decided_by}: {d.comment}")
+
+    task = asyncio.ensure_future(worker.run(agent))
+
+    async def waiting() -> bool:
+        return (await w.store.get_run(RUN)).status == "waiting_approval"
+
+    await _until(waiting)
+    (asked,) = await w.store.run_approvals(RUN)
+    assert (asked.summary, asked.decision, asked.session_id) == ("delete 3 rows?", None, SESSION)
+    assert w.types() == ["run_start", "approval_required"]
+    info, created = await w.store.decide_approval(asked.approval_id, "approve", "bob", "fine")
+    assert created and (info.decision, info.decided_by) == ("approve", "bob")
+    assert await task == "completed"
+    evs = w.log()
+    assert w.types() == [
+        "run_start", "approval_required", "approval_decided", "text_delta", "run_end",
+    ]  # fmt: skip
+    _, req, dec, text, end = evs
+    assert isinstance(req, events.ApprovalRequired) and isinstance(dec, events.ApprovalDecided)
+    assert (req.approval_id, req.summary, req.expires_at) == (
+        asked.approval_id, "delete 3 rows?", asked.expires_at_ms,
+    )  # fmt: skip
+    assert (dec.approval_id, dec.decision, dec.decided_by, dec.comment) == (
+        asked.approval_id, "approve", "bob", "fine",
+    )  # fmt: skip
+    assert text.delta == "approve by bob: fine"  # type: ignore[union-attr]
+    assert isinstance(end, events.RunEnd) and end.status == "completed"
+    # Decided once: the same decision again changes nothing, another one is refused.
+    again, created = await w.store.decide_approval(asked.approval_id, "approve", "carol")
+    assert not created and again.decided_by == "bob"
+    with pytest.raises(errors.ApprovalConflict):
+        await w.store.decide_approval(asked.approval_id, "reject", "carol")
+    (rec,) = await w.store.load_steps(RUN)
+    assert (rec.kind, rec.done, rec.seq) == ("approval", True, 3)
+
+
+async def test_a_stop_cancels_the_agent_and_ends_the_run_aborted_with_the_audit() -> None:
+    w = World()
+    worker = w.worker()
+    seen: list[str] = []
+
+    async def agent(ctx: AgentContext) -> None:
+        await ctx.text(ctx.message_id(), "thinking")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    task = asyncio.ensure_future(worker.run(agent))
+    await _until(lambda: w.types() == ["run_start", "text_delta"])
+    worker.signals.request_stop("alice", 1234, "changed my mind")
+    assert await task == "aborted"
+    assert seen == ["cancelled"]
+    assert w.types() == ["run_start", "text_delta", "interrupt_requested", "run_end"]
+    _, _, stop, end = w.log()
+    assert isinstance(stop, events.InterruptRequested) and isinstance(end, events.RunEnd)
+    assert (stop.requested_by, stop.reason, stop.seq) == ("alice", "changed my mind", 3)
+    assert end.status == "aborted"
+    assert end.stop == events.StopAudit(
+        requested_by="alice", requested_at=1234, reason="changed my mind", at_seq=2, step=0,
+        side_effects=[],
+    )  # fmt: skip
+
+
+async def test_a_stale_epoch_loses_the_run_and_appends_nothing() -> None:
+    w = World()
+    worker = w.worker()
+    go_on = asyncio.Event()
+
+    async def agent(ctx: AgentContext) -> None:
+        m = ctx.message_id()
+        await ctx.text(m, "one")
+        await go_on.wait()
+        await ctx.text(m, "two")
+
+    task = asyncio.ensure_future(worker.run(agent))
+    await _until(lambda: w.types() == ["run_start", "text_delta"])
+    before = w.log()
+    w.store.claim(RUN)  # another worker took the run meanwhile (epoch 2)
+    go_on.set()
+    assert await task == "lost"
+    assert w.log() == before
+    assert isinstance(worker.writer and worker.writer.error, errors.StaleEpoch)
+    info = await w.store.get_run(RUN)
+    assert (info.owner_epoch, info.last_seq, info.status) == (2, 2, "running")
