@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -24,10 +25,20 @@ from broker.backend_memory import MemoryRunWriter, MemoryStore
 from broker.settings import Settings
 from workers.api import Agent, AgentContext, AgentError
 from workers.context import RunContext
+from workers.loop import BuiltinAgent
 from workers.metrics import WorkerMetrics
+from workers.model import (
+    Finish,
+    ModelItem,
+    ModelRequest,
+    TextChunk,
+    ToolArgsChunk,
+    ToolCallBegin,
+    ToolCallDone,
+)
 from workers.runner import Outcome, run_agent
 from workers.signals import RunSignals
-from workers.tools import ToolRegistry
+from workers.tools import Tool, ToolContext, ToolOutput, ToolRegistry
 
 RUN, SESSION = "r_1", "s_1"
 
@@ -287,3 +298,61 @@ async def test_a_stale_epoch_loses_the_run_and_appends_nothing() -> None:
     assert isinstance(worker.writer and worker.writer.error, errors.StaleEpoch)
     info = await w.store.get_run(RUN)
     assert (info.owner_epoch, info.last_seq, info.status) == (2, 2, "running")
+
+
+class _OneToolCall:
+    """A model that asks for one call of `tool`, then answers "done"."""
+
+    name = "test"
+
+    def __init__(self, tool: str) -> None:
+        self.tool = tool
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelItem]:
+        return self._turn(request)
+
+    async def _turn(self, request: ModelRequest) -> AsyncIterator[ModelItem]:
+        if not any(m.role == "tool" for m in request.messages):
+            yield ToolCallBegin(id="call_1", name=self.tool)
+            yield ToolArgsChunk(id="call_1", json="{}")
+            yield ToolCallDone(id="call_1")
+            yield Finish(reason="tool_calls")
+        else:
+            yield TextChunk(text="done")
+            yield Finish(reason="stop")
+
+
+async def test_a_builtin_tool_that_loses_the_run_is_not_a_tool_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tool told StaleEpoch (its progress refused: another worker took the
+    run while it ran) ends the run "lost": not logged as the tool's failure
+    with a traceback, and nothing more is appended."""
+    w = World(model="")  # the built-in agent's own model
+    before: list[events.AnyEvent] = []
+
+    async def slow(args: dict[str, object], tctx: ToolContext) -> ToolOutput:
+        await _until(lambda: w.types()[-1:] == ["tool_call_end"])
+        before.extend(w.log())
+        w.store.claim(RUN)  # ownership lost while the tool runs
+        await tctx.progress("rows", 1, 2)  # appended; its commit is refused
+        await _until(lambda: worker.writer is not None and worker.writer.error is not None)
+        await tctx.progress("rows", 2, 2)  # StaleEpoch
+        return ToolOutput("should not be reached")
+
+    registry = ToolRegistry([Tool(name="slow", description="slow", fn=slow)])
+    worker = w.worker(registry)
+    agent = BuiltinAgent(_OneToolCall("slow"), registry, model_name="test")
+    with caplog.at_level(logging.INFO):
+        assert await worker.run(agent) == "lost"
+    assert [str(e.__struct_config__.tag) for e in before] == [
+        "run_start", "tool_call_start", "tool_args_delta", "tool_call_end",
+    ]  # fmt: skip
+    assert w.log() == before
+    assert isinstance(worker.writer and worker.writer.error, errors.StaleEpoch)
+    loud = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == []
+    assert not [r for r in caplog.records if r.exc_info]
+    assert [r.getMessage() for r in caplog.records if r.name == "workers.runner"] == [
+        f"run {RUN}: ownership lost; another worker has it"
+    ]
