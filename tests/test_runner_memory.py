@@ -356,3 +356,61 @@ async def test_a_builtin_tool_that_loses_the_run_is_not_a_tool_failure(
     assert [r.getMessage() for r in caplog.records if r.name == "workers.runner"] == [
         f"run {RUN}: ownership lost; another worker has it"
     ]
+
+
+# -- the memory backends' own contracts (backend.py: RunLog, RunStore)
+
+
+async def test_the_memory_writer_is_fenced_and_dead_after_a_failure() -> None:
+    w = World()
+    old = w.store.writer(w.store.claim(RUN))
+    assert await old.append(events.RunStart()) == 1
+    assert (old.last_seq, await old.flush(), old.committed_seq) == (1, 1, 1)
+    new = w.store.writer(w.store.claim(RUN))  # a takeover: epoch 2, from seq 1
+    assert (new.epoch, new.last_seq) == (2, 1)
+    assert await old.append(events.Status(code="late")) == 2  # at once, not yet committed
+    with pytest.raises(errors.StaleEpoch):
+        await old.flush()
+    with pytest.raises(errors.StaleEpoch):  # dead: every later call says so
+        await old.append(events.Status(code="later"))
+    assert await new.append(events.RunEnd(status="completed")) == 2
+    assert await new.flush() == 2
+    with pytest.raises(errors.RunEnded):
+        await new.append(events.Status(code="after"))
+    assert w.types() == ["run_start", "run_end"]
+    assert (await w.store.get_run(RUN)).status == "completed"
+
+
+async def test_the_memory_stores_owner_writes_are_fenced() -> None:
+    w = World()
+    own = w.store.claim(RUN)
+    await w.store.record_step(
+        run_id=RUN, epoch=1, idx=0, name="s", kind="step", done=False, result=None, seq=0
+    )
+    await w.store.create_approval(
+        approval_id="a_1", run_id=RUN, epoch=1, tool_call_id="", summary="ok?", expires_at_ms=0
+    )
+    w.store.claim(RUN)
+    with pytest.raises(errors.StaleEpoch):
+        await w.store.record_step(
+            run_id=RUN, epoch=1, idx=0, name="s", kind="step", done=True, result=b"1", seq=1
+        )
+    with pytest.raises(errors.StaleEpoch):
+        await w.store.expire_approval("a_1", run_id=RUN, epoch=1)
+    with pytest.raises(errors.StaleEpoch):
+        await w.store.close_run_approvals(RUN, own.epoch)
+    assert not await w.store.set_status(RUN, 1, "waiting_approval")
+    (step,) = await w.store.load_steps(RUN)
+    assert (step.done, step.epoch, step.last_epoch) == (False, 1, 1)
+    await w.store.record_step(
+        run_id=RUN, epoch=2, idx=0, name="s", kind="step", done=True, result=b"1", seq=1
+    )
+    (step,) = await w.store.load_steps(RUN)
+    assert (step.done, step.result, step.epoch, step.last_epoch) == (True, b"1", 1, 2)
+    # Past its expiry: a decision is refused, and the owner's expiry stores "expired".
+    with pytest.raises(errors.ApprovalExpired):
+        await w.store.decide_approval("a_1", "approve", "bob")
+    info = await w.store.expire_approval("a_1", run_id=RUN, epoch=2)
+    assert (info.decision, info.decided_by) == ("expired", "system")
+    with pytest.raises(errors.ApprovalNotFound):
+        await w.store.poll_approval("a_2")
