@@ -2,8 +2,9 @@
 (broker/backend_memory.py: MemoryStore, MemoryRunWriter over a MemoryLog):
 agents written against workers.api complete, fail with their code, replay a
 step after a takeover without running it again, wait for an approval that is
-decided meanwhile, stop, and lose the run to a newer epoch; and the built-in
-loop's tool that loses the run while it runs. Milliseconds each, no server;
+decided meanwhile (or park on it), stop, and lose the run to a newer epoch;
+the built-in loop's tool that loses the run while it runs; a takeover that
+ends a stopped run (workers/takeover.py); and the memory backends' fences. Milliseconds each, no server;
 what only PostgreSQL and NATS show (the fence's locks, outages, a worker
 killed for real) stays in test_agent_api.py, test_worker_*.py.
 
@@ -38,6 +39,7 @@ from workers.model import (
 )
 from workers.runner import Outcome, run_agent
 from workers.signals import RunSignals
+from workers.takeover import plan_takeover
 from workers.tools import Tool, ToolContext, ToolOutput, ToolRegistry
 
 RUN, SESSION = "r_1", "s_1"
@@ -358,6 +360,22 @@ async def test_a_builtin_tool_that_loses_the_run_is_not_a_tool_failure(
     ]
 
 
+async def test_a_run_without_a_decision_is_parked_on_its_approval() -> None:
+    w = World(approval_park_after_s=0.0)  # parked at the first look that finds no decision
+    worker = w.worker()
+
+    async def agent(ctx: AgentContext) -> None:
+        await ctx.approval("delete 3 rows?")
+        raise AssertionError("not reached before the decision")
+
+    assert await worker.run(agent) == "parked"
+    assert w.types() == ["run_start", "approval_required"]
+    (open_,) = await w.store.run_approvals(RUN)
+    assert (worker.signals.parked_on, open_.decision) == (open_.approval_id, None)
+    (rec,) = await w.store.load_steps(RUN)
+    assert (rec.kind, rec.done) == ("approval", False)
+
+
 # -- the memory backends' own contracts (backend.py: RunLog, RunStore)
 
 
@@ -414,3 +432,54 @@ async def test_the_memory_stores_owner_writes_are_fenced() -> None:
     assert (info.decision, info.decided_by) == ("expired", "system")
     with pytest.raises(errors.ApprovalNotFound):
         await w.store.poll_approval("a_2")
+
+
+async def test_a_takeover_of_a_run_stopped_while_waiting_for_an_approval_ends_it_aborted() -> None:
+    """workers/takeover.py on the memory store: the owner died waiting for an
+    approval guarding a tool call, a stop was asked meanwhile; the new owner
+    closes the approval, gives the card its result and ends the run aborted."""
+    w = World()
+    first = w.worker()
+
+    async def agent(ctx: AgentContext) -> None:
+        call = ctx.tool_call_id()
+        await ctx.tool_start(call, "delete_rows", risk="high")
+        await ctx.tool_end(call)
+        await ctx.approval("delete 3 rows?", tool_call_id=call)
+
+    task = asyncio.ensure_future(first.run(agent))
+
+    async def asked() -> bool:
+        return bool(await w.store.run_approvals(RUN))
+
+    await _until(asked)
+    task.cancel()  # the owner is gone
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await w.store.request_interrupt(RUN, "alice", "not now")
+    own = w.store.claim(RUN)
+    plan = await plan_takeover(w.store, own)
+    assert (plan.outcome, plan.run) == ("aborted", False)
+    assert plan.stop is not None and (plan.stop[0], plan.stop[2]) == ("alice", "not now")
+    await plan.end(w.store, w.store.writer(own), WorkerMetrics(CollectorRegistry()))
+    assert w.types() == [
+        "run_start", "tool_call_start", "tool_call_end", "approval_required", "tool_result",
+        "interrupt_requested", "run_end",
+    ]  # fmt: skip
+    evs = w.log()
+    card, result, end = evs[1], evs[4], evs[6]
+    assert isinstance(card, events.ToolCallStart) and isinstance(result, events.ToolResult)
+    assert (result.tool_call_id, result.status, result.summary) == (
+        card.tool_call_id, "skipped", "not run: the run ended",
+    )  # fmt: skip
+    assert isinstance(end, events.RunEnd) and end.status == "aborted"
+    assert end.stop == events.StopAudit(
+        requested_by="alice", requested_at=plan.stop[1], reason="not now", at_seq=5, step=1,
+        side_effects=[],
+    )  # fmt: skip
+    (closed,) = await w.store.run_approvals(RUN)
+    assert (closed.decision, closed.decided_by, closed.comment) == (
+        "expired", "system", "the run ended",
+    )  # fmt: skip
+    with pytest.raises(errors.ApprovalExpired):
+        await w.store.decide_approval(closed.approval_id, "approve", "bob")
