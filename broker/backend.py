@@ -38,18 +38,46 @@ Contract of a `LiveBus` (the live feed):
 - `publish_live` returns a future resolved with the message's position in
   the bus's own stream when the bus acknowledges it; a publisher may retry
   one not acknowledged, with the same `msg_id`.
+
+What a run's execution (`workers.context.RunContext`) needs of the log's
+write side: `RunLog`, its owner's writer (PostgreSQL: `log.RunWriter`), and
+`RunStore`, the run's rows (PostgreSQL: `store.Store`).
+
+Contract of a `RunLog` (one run, one owner, one epoch):
+- `append` gives the event the next `seq` (1, 2, 3, … with no hole), its
+  run and session ids and `ts`, and returns the seq at once; `flush` waits
+  until everything appended is committed and returns the last seq.
+- Fencing: a commit takes effect only while the writer's `epoch` owns the
+  run; otherwise nothing of it is stored and the writer raises
+  `errors.StaleEpoch`, for that and every later call. Nothing follows
+  `run_end`: an append after it raises `errors.RunEnded`. A store that stays
+  away past the outage grace fails the writer with `errors.StorageError`.
+  After any failure the writer is dead: every call raises that error.
+
+Contract of a `RunStore` (the run's steps, approvals, status; the log read):
+- The owner's writes (`record_step`, `create_approval`, `expire_approval`,
+  `close_run_approvals`, `set_status`) are fenced like a commit: while
+  `epoch` owns the unended run they take effect, else nothing is written
+  and StaleEpoch is raised (`set_status` returns False instead).
+- Approvals are decided once (`approvals.py`'s contract of `decide`); the
+  worker reads a decision with `poll_approval` (tried once).
+- Failures: `retry.py` (reads retried for `db_retry_s`, writes and polls
+  tried once, an outage is StorageError).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
+from . import events
+from .approvals import ApprovalInfo
 from .bus import LiveBatch
 from .rows import PageRow, StoredEvent
+from .steps import StepKind, StepRecord
 
-__all__ = ["LiveBatch", "LiveBus", "LiveSubscription", "LogStore"]
+__all__ = ["LiveBatch", "LiveBus", "LiveSubscription", "LogStore", "RunLog", "RunStore"]
 
 
 class LogStore(Protocol):
@@ -97,11 +125,109 @@ class LiveBus(Protocol):
         ...
 
 
+class RunLog(Protocol):
+    """The owner's writer of one run's log (the contract: module docstring)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def epoch(self) -> int:
+        """The owner's epoch, which fences its commits and writes."""
+        ...
+
+    @property
+    def last_seq(self) -> int:
+        """The seq given to the latest append (committed or not)."""
+        ...
+
+    @property
+    def committed_seq(self) -> int:
+        """The last seq known committed."""
+        ...
+
+    async def append(self, event: events.Event) -> int:
+        """Give `event` the next seq (and its ids and ts); return the seq."""
+        ...
+
+    async def flush(self) -> int:
+        """Wait until every event appended is committed; return the last seq."""
+        ...
+
+
+class RunStore(Protocol):
+    """What a run's execution reads and writes besides its log (the contract:
+    module docstring): the `Store` methods the runner, the journal, the
+    approvals, the ending and a takeover call. Declared returning awaitables,
+    as the Store's retrying methods (`retry.reads`/`writes`) are typed."""
+
+    def run_page(self, run_id: str, after: int, limit: int) -> Awaitable[list[StoredEvent]]:
+        """Up to `limit` committed events of the run after seq `after`."""
+        ...
+
+    def conversation(
+        self, session_id: str, run_id: str, limit: int
+    ) -> Awaitable[list[tuple[str, str, list[bytes]]]]:
+        """The session's last `limit` ended runs created before `run_id`, oldest
+        first: (run_id, input, payloads of their text_delta and message_reset)."""
+        ...
+
+    def set_status(self, run_id: str, epoch: int, status: str) -> Awaitable[bool]:
+        """The run's status under `epoch` (fenced); False if it is not the owner's."""
+        ...
+
+    def interrupt_request(self, run_id: str) -> Awaitable[tuple[str, int, str] | None]:
+        """(requested_by, requested_at_ms, reason) of the run's stop, if one was asked."""
+        ...
+
+    def load_steps(self, run_id: str) -> Awaitable[list[StepRecord]]:
+        """The run's durable steps, by index."""
+        ...
+
+    def record_step(
+        self, *, run_id: str, epoch: int, idx: int, name: str, kind: StepKind, done: bool,
+        result: bytes | None, seq: int,
+    ) -> Awaitable[None]:  # fmt: skip
+        """Write step `idx` (fenced); again, it overwrites it but keeps its first epoch."""
+        ...
+
+    def create_approval(
+        self, *, approval_id: str, run_id: str, epoch: int, tool_call_id: str, summary: str,
+        expires_at_ms: int, call_digest: str = "",
+    ) -> Awaitable[None]:  # fmt: skip
+        """A new approval of the run (fenced); the same id again is a no-op."""
+        ...
+
+    def poll_approval(self, approval_id: str) -> Awaitable[ApprovalInfo]:
+        """The approval as stored, read once; ApprovalNotFound if there is none."""
+        ...
+
+    def expire_approval(
+        self, approval_id: str, *, run_id: str, epoch: int
+    ) -> Awaitable[ApprovalInfo]:
+        """Mark it expired if undecided and past its expiry (fenced); what is stored."""
+        ...
+
+    def run_approvals(self, run_id: str) -> Awaitable[list[ApprovalInfo]]:
+        """Every approval of the run, decided or not, oldest first."""
+        ...
+
+    def close_run_approvals(self, run_id: str, epoch: int) -> Awaitable[int]:
+        """Expire the run's undecided approvals (fenced: the run ends); how many."""
+        ...
+
+
 if TYPE_CHECKING:
     # The PostgreSQL and NATS implementations satisfy the protocols (mypy
     # checks these lines; they are never run).
     from .bus import Bus
+    from .log import RunWriter
     from .store import Store
 
     _store: LogStore = cast(Store, None)
     _bus: LiveBus = cast(Bus, None)
+    _writer: RunLog = cast(RunWriter, None)
+    _run_store: RunStore = cast(Store, None)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import asyncpg
 import msgspec
 
-from . import approvals, control, errors, ids, members, sessions
+from . import approvals, control, errors, ids, members, sessions, steps
 from .retry import DB_ERRORS, TRANSIENT_DB_ERRORS, retry_read, retry_transient, unavailable
 from .retry import reads as _reads
 from .retry import writes as _writes
@@ -381,6 +381,41 @@ class Store:
     async def run_approvals(self, run_id: str) -> list[approvals.ApprovalInfo]:
         """Every approval of the run, decided or not, oldest first."""
         return await approvals.open_for_run(self, run_id)
+
+    # The run owner's rows (backend.RunStore): approvals.py's and steps.py's
+    # functions, whose contracts (fencing, retries) they keep.
+
+    async def create_approval(
+        self, *, approval_id: str, run_id: str, epoch: int, tool_call_id: str, summary: str,
+        expires_at_ms: int, call_digest: str = "",
+    ) -> None:  # fmt: skip
+        await approvals.create(
+            self, approval_id=approval_id, run_id=run_id, epoch=epoch, tool_call_id=tool_call_id,
+            summary=summary, expires_at_ms=expires_at_ms, call_digest=call_digest,
+        )  # fmt: skip
+
+    async def poll_approval(self, approval_id: str) -> approvals.ApprovalInfo:
+        return await approvals.poll(self, approval_id)
+
+    async def expire_approval(
+        self, approval_id: str, *, run_id: str, epoch: int
+    ) -> approvals.ApprovalInfo:
+        return await approvals.expire(self, approval_id, run_id=run_id, epoch=epoch)
+
+    async def close_run_approvals(self, run_id: str, epoch: int) -> int:
+        return await approvals.close_open_for_run(self, run_id, epoch)
+
+    async def load_steps(self, run_id: str) -> list[steps.StepRecord]:
+        return await steps.load(self, run_id)
+
+    async def record_step(
+        self, *, run_id: str, epoch: int, idx: int, name: str, kind: steps.StepKind, done: bool,
+        result: bytes | None, seq: int,
+    ) -> None:  # fmt: skip
+        await steps.record(
+            self, run_id=run_id, epoch=epoch, idx=idx, name=name, kind=kind, done=done,
+            result=result, seq=seq,
+        )  # fmt: skip
 
     @_writes("approval decision")
     async def decide_approval(

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-from broker import approvals, events
+from broker import events
 from broker.store import DB_ERRORS
 
 from .context import Parked, Released, RunContext, Stopped
@@ -41,8 +41,7 @@ class Ask(NamedTuple):
 
 async def create(ctx: RunContext, ask: Ask) -> None:
     await ctx.write(
-        lambda: approvals.create(
-            ctx.store,
+        lambda: ctx.store.create_approval(
             approval_id=ask.approval_id,
             run_id=ctx.run.run_id,
             epoch=ctx.writer.epoch,
@@ -132,12 +131,12 @@ async def wait_decision(ctx: RunContext, approval_id: str, expires_at_ms: int) -
         try:
             if ctx.now_ms() >= expires_at_ms:
                 # StaleEpoch (not caught here) if the run was taken over.
-                info = await approvals.expire(store, approval_id, run_id=w.run_id, epoch=w.epoch)
+                info = await store.expire_approval(approval_id, run_id=w.run_id, epoch=w.epoch)
                 if info.decision is not None:
                     return DecisionInfo(info.decision, info.decided_by or "system", info.comment)
                 next_poll = loop.time() + poll_s  # PostgreSQL's clock is behind ours
             elif loop.time() >= next_poll:
-                info = await approvals.poll(store, approval_id)
+                info = await store.poll_approval(approval_id)
                 if info.decision is not None:
                     return DecisionInfo(info.decision, info.decided_by or "", info.comment)
                 if parks_at is not None and loop.time() >= parks_at and sig.stop is None:

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from broker import events
-from broker.log import RunWriter
+from broker.backend import RunLog, RunStore
 from broker.settings import Settings
-from broker.store import RunInfo, Store, retry_transient
+from broker.store import RunInfo, retry_transient
 
 from .errors import RunFailure
 from .metrics import WorkerMetrics
@@ -53,10 +53,10 @@ class RunContext:
     def __init__(
         self,
         *,
-        writer: RunWriter,
+        writer: RunLog,
         run: RunInfo,
         signals: RunSignals,
-        store: Store,
+        store: RunStore,
         settings: Settings,
         metrics: WorkerMetrics,
         registry: ToolRegistry,

@@ -143,7 +143,7 @@ class Journal:
 
     @classmethod
     async def load(cls, ctx: RunContext) -> Journal:
-        return cls(ctx, await steps.load(ctx.store, ctx.run.run_id))
+        return cls(ctx, await ctx.store.load_steps(ctx.run.run_id))
 
     def used_s(self) -> float:
         """The run time the last durable row recorded (a resumed run's clock
@@ -550,8 +550,7 @@ class Journal:
         ctx = self.ctx
         await self._ours(
             ctx.write(
-                lambda: steps.record(
-                    ctx.store,
+                lambda: ctx.store.record_step(
                     run_id=ctx.run.run_id,
                     epoch=ctx.writer.epoch,
                     idx=idx,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from broker import approvals, events
+from broker import events
 
 from .context import RunContext
 from .errors import RunFailure
@@ -35,7 +35,7 @@ async def end(ctx: RunContext, last: events.RunEnd, *, waiting: bool) -> None:
     """Append `last` (the run_end) and commit; `waiting`: an approval is open."""
     if waiting:
         await ctx.write(
-            lambda: approvals.close_open_for_run(ctx.store, ctx.run.run_id, ctx.writer.epoch),
+            lambda: ctx.store.close_run_approvals(ctx.run.run_id, ctx.writer.epoch),
             "approval close",
         )
     await ctx.append(last)

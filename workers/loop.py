@@ -39,7 +39,7 @@ import time
 
 import msgspec
 
-from broker import models
+from broker import errors, models
 
 from .api import AgentContext, Decision, journal_of
 from .context import RunContext
@@ -302,7 +302,9 @@ class _Run:
             )
             await self.ctx.tool_result(call.id, "error", why)
             raise
-        except RunFailure:
+        except (RunFailure, errors.StaleEpoch, errors.RunEnded, errors.StorageError):
+            # Runlog's outcomes, not the tool's failure: the run is lost (or
+            # failing), and the journal acts on it (durable._OURS).
             raise
         except Exception:
             log.exception("tool %s failed", tool.name)

@@ -18,8 +18,7 @@ resumed: it fails `worker_lost`.
 from __future__ import annotations
 
 from broker import events
-from broker.log import RunWriter
-from broker.store import Store
+from broker.backend import RunLog, RunStore
 
 # Events a tail may hold (retracted or left as they are); run_start is kept.
 _RETRACTABLE = (
@@ -38,7 +37,7 @@ _PAGE = 1000
 RETRACTED = "retracted: the worker running it stopped; the call is made again"
 
 
-async def read_tail(store: Store, run_id: str, after_seq: int) -> list[events.AnyEvent]:
+async def read_tail(store: RunStore, run_id: str, after_seq: int) -> list[events.AnyEvent]:
     """Every event of the run's log after `after_seq`, decoded."""
     out: list[events.AnyEvent] = []
     while True:
@@ -62,7 +61,7 @@ def unretractable(tail: list[events.AnyEvent], *, approval_id: str = "") -> str 
     return None
 
 
-async def retract(writer: RunWriter, tail: list[events.AnyEvent]) -> int:
+async def retract(writer: RunLog, tail: list[events.AnyEvent]) -> int:
     """Append the retractions of `tail` (see the module doc); how many."""
     messages: dict[str, None] = {}
     reset: set[str] = set()

@@ -22,9 +22,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-from broker import approvals, events, steps
-from broker.log import RunWriter
-from broker.store import Ownership, Store
+from broker import events
+from broker.backend import RunLog, RunStore
+from broker.store import Ownership
 
 from .errors import RunFailure
 from .metrics import WorkerMetrics
@@ -44,8 +44,8 @@ class TakeoverPlan(NamedTuple):
 
     async def end(
         self,
-        store: Store,
-        writer: RunWriter,
+        store: RunStore,
+        writer: RunLog,
         metrics: WorkerMetrics,
         side_effect_tools: frozenset[str] = frozenset(),
         *,
@@ -58,10 +58,10 @@ class TakeoverPlan(NamedTuple):
         # StaleEpoch, and its approvals are left to it.
         undecided = {
             a.tool_call_id
-            for a in await approvals.open_for_run(store, writer.run_id)
+            for a in await store.run_approvals(writer.run_id)
             if a.decision is None and a.tool_call_id
         }
-        await approvals.close_open_for_run(store, writer.run_id, writer.epoch)
+        await store.close_run_approvals(writer.run_id, writer.epoch)
         # A card whose call waited for its approval never ran: it gets its
         # result before the end, as when the run ends itself. (A card whose
         # tool may have started is left as the log has it.)
@@ -77,7 +77,7 @@ class TakeoverPlan(NamedTuple):
             # ran): the audit must name every side effect.
             at_seq = await writer.flush()
             done = await _side_effects_in_log(store, writer.run_id, side_effect_tools)
-            records = await steps.load(store, writer.run_id)
+            records = await store.load_steps(writer.run_id)
             step = sum(r.name == turn_step for r in records) if turn_step else len(records)
             await writer.append(events.InterruptRequested(requested_by=by, reason=reason))
             audit = events.StopAudit(
@@ -100,7 +100,7 @@ class TakeoverPlan(NamedTuple):
         await writer.flush()
 
 
-async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
+async def plan_takeover(store: RunStore, own: Ownership) -> TakeoverPlan:
     """Stopped → ended aborted here; an empty log → executed from the start
     (a few times); else resumed by replay (which fails it itself if it
     cannot be resumed: `Journal.prepare`)."""
@@ -113,7 +113,7 @@ async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
         why = "nothing logged, and restarted too often"
         log.warning("run %s: cannot be resumed (%s)", own.run_id, why)
         return TakeoverPlan("failed", False, None, why)
-    records = await steps.load(store, own.run_id)
+    records = await store.load_steps(own.run_id)
     if records and records[-1].kind == "step" and not records[-1].done:
         # A not-retryable step (or tool) was running: the replay fails the
         # run (`Journal.prepare`), after giving its card a result.
@@ -122,7 +122,7 @@ async def plan_takeover(store: Store, own: Ownership) -> TakeoverPlan:
 
 
 async def _tool_events(
-    store: Store, run_id: str
+    store: RunStore, run_id: str
 ) -> AsyncIterator[events.ToolCallStart | events.ToolResult]:
     """The run's tool cards opened and tool results, in log order."""
     after = 0
@@ -138,7 +138,7 @@ async def _tool_events(
         after = page[-1].seq
 
 
-async def _open_cards_in_log(store: Store, run_id: str, among: set[str]) -> list[str]:
+async def _open_cards_in_log(store: RunStore, run_id: str, among: set[str]) -> list[str]:
     """The tool cards of `among` the log opened and never gave a result."""
     if not among:
         return []
@@ -151,7 +151,7 @@ async def _open_cards_in_log(store: Store, run_id: str, among: set[str]) -> list
     return [c for c in opened if c in among]
 
 
-async def _side_effects_in_log(store: Store, run_id: str, tools: frozenset[str]) -> list[str]:
+async def _side_effects_in_log(store: RunStore, run_id: str, tools: frozenset[str]) -> list[str]:
     """Calls of side-effecting tools that started running: every such call
     except those denied or skipped (a tool that errored may have acted)."""
     started: list[str] = []
