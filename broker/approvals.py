@@ -27,9 +27,8 @@ is tried once, the worker's writes write); `decide` runs in its caller's transac
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import asyncpg
+import msgspec
 
 from . import errors
 from .fence import as_owner
@@ -42,7 +41,9 @@ _COLUMNS = """a.approval_id, a.run_id, r.session_id, a.tool_call_id, a.summary,
     a.call_digest"""
 
 
-class ApprovalInfo(NamedTuple):
+class ApprovalInfo(msgspec.Struct, frozen=True, gc=False):
+    """An approval as stored: a row of `_COLUMNS`, in order (`ApprovalInfo(*row)`)."""
+
     approval_id: str
     run_id: str
     session_id: str
@@ -149,7 +150,7 @@ async def decide(
         return stored, False
     raise errors.ApprovalConflict(
         f"approval {approval_id} was already decided: {stored.decision} by {stored.decided_by}",
-        extra={"stored": stored._asdict()},
+        extra={"stored": msgspec.structs.asdict(stored)},
     )
 
 

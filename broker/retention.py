@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import NamedTuple
 
 import asyncpg
+import msgspec
 
 from . import errors
 from .retry import Database, writes
@@ -41,7 +41,7 @@ BATCH_EVENTS = 50_000
 _SCAN_RUNS = 1_000
 
 
-class PruneReport(NamedTuple):
+class PruneReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     cutoff: dt.datetime
     dry_run: bool
     runs: int
@@ -102,7 +102,15 @@ async def prune(
             batches += 1
             log.info("prune: batch %d, %d run(s), %d event(s)", batches, counts[0], counts[1])
     runs, events, approvals, audit = totals
-    return PruneReport(cutoff, dry_run, runs, events, approvals, audit, batches)
+    return PruneReport(
+        cutoff=cutoff,
+        dry_run=dry_run,
+        runs=runs,
+        events=events,
+        approvals=approvals,
+        audit=audit,
+        batches=batches,
+    )
 
 
 def _batches(runs: list[tuple[str, int]], batch_events: int) -> list[list[str]]:

@@ -4,6 +4,11 @@ StoredEvent from a memory store), indexed with the ROW_* positions.
 
 Nothing here knows the database: a reader outside `broker/` (the hub, a
 replay) types its rows as PageRow and never sees the driver's record type.
+
+StoredEvent is a NamedTuple, where the broker's other results are msgspec
+Structs: a page row is read by position on the hot replay path, the same
+whether it is PostgreSQL's row or a StoredEvent, so it must index like one
+(`row[ROW_SEQ]`, `StoredEvent(*row)`).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ caller's transaction, `Store.update_session`, which writes).
 from __future__ import annotations
 
 import datetime as dt
-from typing import NamedTuple
 
 import asyncpg
+import msgspec
 
 from . import errors, ids
 from .retry import Database, reads
@@ -42,7 +42,7 @@ _US = dt.timedelta(microseconds=1)
 _MAX_US = (dt.datetime(9999, 12, 31, tzinfo=dt.UTC) - _EPOCH) // _US  # Python's last date
 
 
-class PageKey(NamedTuple):
+class PageKey(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Where a page of the list ends: its last session's (created_at, id)."""
 
     created_at_us: int
@@ -64,10 +64,10 @@ class PageKey(NamedTuple):
         )
         if not ok or int(us) > _MAX_US:
             raise errors.InvalidCursor("before must be a next_before that a page gave")
-        return cls(int(us), sid)
+        return cls(created_at_us=int(us), session_id=sid)
 
 
-class SessionSummary(NamedTuple):
+class SessionSummary(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     session_id: str
     title: str
     role: str  # the member's
@@ -77,7 +77,7 @@ class SessionSummary(NamedTuple):
     key: PageKey | None = None  # where a page ending with it ends
 
 
-class Settings(NamedTuple):
+class Settings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What an owner changes (PATCH /v1/sessions/{id})."""
 
     title: str
@@ -87,7 +87,7 @@ class Settings(NamedTuple):
     archived_at_ms: int | None
 
 
-class Changes(NamedTuple):
+class Changes(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The fields a PATCH gives (None: keep it)."""
 
     title: str | None = None
@@ -135,14 +135,23 @@ async def page(
         limit + 1,
     )
     out = [
-        SessionSummary(r[0], r[1], r[2], r[3], ms(r[4]) or 0, ms(r[5]), PageKey(_us(r[4]), r[0]))
+        SessionSummary(
+            session_id=r[0], title=r[1], role=r[2], head=r[3], created_at_ms=ms(r[4]) or 0,
+            archived_at_ms=ms(r[5]), key=PageKey(created_at_us=_us(r[4]), session_id=r[0]),
+        )
         for r in rows[:limit]
-    ]
+    ]  # fmt: skip
     return out, (out[-1].key if len(rows) > limit else None)
 
 
 def _settings(row: asyncpg.Record) -> Settings:
-    return Settings(row[0], row[1], row[2], row[3], ms(row[4]))
+    return Settings(
+        title=row[0],
+        run_policy=row[1],
+        include_thinking=row[2],
+        include_tool_calls=row[3],
+        archived_at_ms=ms(row[4]),
+    )
 
 
 _SETTINGS = "title, run_policy, include_thinking, include_tool_calls, archived_at"

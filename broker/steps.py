@@ -10,7 +10,9 @@ an approval gets its decision) but keeps the epoch that created the row.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal
+
+import msgspec
 
 from .fence import as_owner
 from .retry import Database, reads, writes
@@ -18,7 +20,9 @@ from .retry import Database, reads, writes
 StepKind = Literal["step", "approval"]
 
 
-class StepRecord(NamedTuple):
+class StepRecord(msgspec.Struct, frozen=True, gc=False):
+    """A step as stored: a row of `load`'s SELECT, in order (`StepRecord(*row)`)."""
+
     idx: int
     name: str
     kind: StepKind

@@ -21,8 +21,6 @@ and say it the same way.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import asyncpg
 import msgspec
 
@@ -49,8 +47,14 @@ __all__ = [
 
 ROLES = ("owner", "approver", "viewer")
 
+# What the store hands out is frozen msgspec Structs (no cycles, so gc=False).
+# Those made from one row (Ownership, RunInfo, RunSummary, QueuedRun; like
+# approvals.ApprovalInfo and steps.StepRecord) are positional, `X(*row)` from a
+# SELECT of their fields in order: the cheapest way to build one per run; the
+# others take keywords.
 
-class Ownership(NamedTuple):
+
+class Ownership(msgspec.Struct, frozen=True, gc=False):
     """What a writer gets when it takes a run: the epoch that fences it."""
 
     run_id: str
@@ -59,7 +63,7 @@ class Ownership(NamedTuple):
     last_seq: int
 
 
-class RunInfo(NamedTuple):
+class RunInfo(msgspec.Struct, frozen=True, gc=False):
     run_id: str
     session_id: str
     status: str
@@ -74,14 +78,14 @@ class RunInfo(NamedTuple):
     takeovers: int = 0  # times another worker took the run over
 
 
-class RunSummary(NamedTuple):
+class RunSummary(msgspec.Struct, frozen=True, gc=False):
     run_id: str
     status: str
     started_by: str
     last_seq: int
 
 
-class QueuedRun(NamedTuple):
+class QueuedRun(msgspec.Struct, frozen=True, gc=False):
     """A run no worker has started yet (it waits for earlier runs of its session)."""
 
     run_id: str
@@ -95,14 +99,14 @@ class QueuedRun(NamedTuple):
     waiting_for: str = "earlier_run"
 
 
-class StreamPolicy(NamedTuple):
+class StreamPolicy(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What the session lets a Sim agent-events-v1 client see (docs/compat.md)."""
 
     include_thinking: bool = False
     include_tool_calls: bool = False
 
 
-class SessionInfo(NamedTuple):
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     head: int
     run_policy: str
     members: list[tuple[str, str]]  # (user_id, role)
@@ -370,9 +374,11 @@ class Store:
                 self.settings.worker_user_max_runs,
             )
         return SessionInfo(
-            row[0], row[1], [(m[0], m[1]) for m in members], [RunSummary(*r) for r in runs],
-            StreamPolicy(row[2], row[3]), row[4], sessions.ms(row[5]) or 0, sessions.ms(row[6]),
-            tuple(QueuedRun(*r) for r in queued),
+            head=row[0], run_policy=row[1], members=[(m[0], m[1]) for m in members],
+            runs=[RunSummary(*r) for r in runs],
+            stream_policy=StreamPolicy(include_thinking=row[2], include_tool_calls=row[3]),
+            title=row[4], created_at_ms=sessions.ms(row[5]) or 0,
+            archived_at_ms=sessions.ms(row[6]), queued=tuple(QueuedRun(*r) for r in queued),
         )  # fmt: skip
 
     async def approval(self, approval_id: str) -> approvals.ApprovalInfo:
@@ -808,7 +814,7 @@ class Store:
         )
         if row is None:
             raise errors.SessionNotFound(f"no session {session_id}")
-        return StreamPolicy(row[0], row[1])
+        return StreamPolicy(include_thinking=row[0], include_tool_calls=row[1])
 
     @_writes("session update")
     async def update_session(

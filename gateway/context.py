@@ -186,7 +186,7 @@ class Gateway:
         stored, created = await self.broker.decide(
             approval_id, decision, user, comment, call_digest
         )
-        return {"approval": stored._asdict(), "created": created}
+        return {"approval": msgspec.structs.asdict(stored), "created": created}
 
     # -- drain
 

@@ -130,12 +130,14 @@ async def create_session(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = gw.principal(request)
     body = await read_body(request, CreateSession, gw)
-    policy = StreamPolicy(body.include_thinking, body.include_tool_calls)
+    policy = StreamPolicy(
+        include_thinking=body.include_thinking, include_tool_calls=body.include_tool_calls
+    )
     sid = await gw.broker.store.create_session(p.user, body.title, policy)
     if body.run_policy != "enqueue":
         await gw.broker.store.set_run_policy(sid, body.run_policy)
     return json_response(
-        {"session_id": sid, "run_policy": body.run_policy, **policy._asdict()}, 201
+        {"session_id": sid, "run_policy": body.run_policy, **msgspec.structs.asdict(policy)}, 201
     )
 
 
@@ -145,8 +147,9 @@ async def update_session(request: web.Request) -> web.Response:
     sid = request.match_info["session_id"]
     body = await read_body(request, UpdateSession, gw)
     changes = sessions.Changes(
-        body.title, body.run_policy, body.include_thinking, body.include_tool_calls, body.archived
-    )
+        title=body.title, run_policy=body.run_policy, include_thinking=body.include_thinking,
+        include_tool_calls=body.include_tool_calls, archived=body.archived,
+    )  # fmt: skip
     if changes == sessions.Changes():
         raise InvalidRequest(
             "nothing to change: give title, run_policy, include_thinking, include_tool_calls"
@@ -209,10 +212,10 @@ async def get_session(request: web.Request) -> web.Response:
             "created_at": info.created_at_ms,
             "archived_at": info.archived_at_ms,
             "run_policy": info.run_policy,
-            **info.stream_policy._asdict(),
+            **msgspec.structs.asdict(info.stream_policy),
             "members": [{"user_id": u, "role": r} for u, r in info.members],
-            "runs": [r._asdict() for r in info.runs],
-            "queued": [q._asdict() for q in info.queued],
+            "runs": [msgspec.structs.asdict(r) for r in info.runs],
+            "queued": [msgspec.structs.asdict(q) for q in info.queued],
         }
     )
 
@@ -292,7 +295,9 @@ async def get_run(request: web.Request) -> web.Response:
     info = await gw.broker.store.get_run(run_id)
     stop = await gw.broker.store.interrupt_request(run_id)
     hidden = ("owner_id", "owner_epoch", "takeovers")
-    out: dict[str, object] = {k: v for k, v in info._asdict().items() if k not in hidden}
+    out: dict[str, object] = {
+        k: v for k, v in msgspec.structs.asdict(info).items() if k not in hidden
+    }
     # Who executes it now (None: no worker has started it): the worker's
     # name, its ownership epoch (one more at every takeover) and takeovers.
     out["owner"] = (

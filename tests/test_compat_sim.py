@@ -174,8 +174,12 @@ def test_negotiation_header(value: str | None, ok: bool) -> None:
     assert sim.negotiated(value) is ok
 
 
+def _policy(thinking: bool, tool_calls: bool) -> StreamPolicy:
+    return StreamPolicy(include_thinking=thinking, include_tool_calls=tool_calls)
+
+
 def test_asking_for_frames_without_negotiating_is_refused_never_downgraded() -> None:
-    on = StreamPolicy(True, True)
+    on = _policy(True, True)
     for thinking, tools in [(True, None), (None, True), (True, False)]:
         with pytest.raises(sim.ProtocolNotNegotiated) as info:
             sim.exposure(False, thinking, tools, on)
@@ -190,12 +194,12 @@ def test_the_policy_decides_and_a_request_may_only_narrow_it() -> None:
         o = sim.exposure(True, thinking, tools, policy)
         return o["include_thinking"], o["include_tool_calls"]
 
-    assert exp(StreamPolicy(True, True), None, None) == (True, True)
-    assert exp(StreamPolicy(True, True), False, None) == (False, True)
-    assert exp(StreamPolicy(False, True), None, True) == (False, True)
-    assert exp(StreamPolicy(False, False), None, None) == (False, False)
+    assert exp(_policy(True, True), None, None) == (True, True)
+    assert exp(_policy(True, True), False, None) == (False, True)
+    assert exp(_policy(False, True), None, True) == (False, True)
+    assert exp(_policy(False, False), None, None) == (False, False)
     with pytest.raises(sim.FramesNotAllowed) as info:
-        exp(StreamPolicy(False, True), True, None)
+        exp(_policy(False, True), True, None)
     assert (info.value.code, info.value.http_status) == ("frames_not_allowed", 403)
 
 
@@ -243,7 +247,7 @@ async def test_policies_set_at_creation_and_changed_by_owners_only_audited(
     async with http.get(url, headers=gw.headers("bob")) as r:
         info = await r.json()
     assert (info["include_thinking"], info["include_tool_calls"]) == (True, True)
-    assert await broker.store.stream_policy(sid) == StreamPolicy(True, True)
+    assert await broker.store.stream_policy(sid) == _policy(True, True)
     rows = await broker.store.pool.fetch(
         "SELECT actor, detail FROM audit WHERE session_id = $1 AND action = 'set_stream_policy'",
         sid,
@@ -255,7 +259,7 @@ async def test_policies_set_at_creation_and_changed_by_owners_only_audited(
     # Defaults: off.
     async with http.post(gw.url + "/v1/sessions", json={}, headers=gw.headers("alice")) as r:
         plain = await r.json()
-    assert await broker.store.stream_policy(plain["session_id"]) == StreamPolicy(False, False)
+    assert await broker.store.stream_policy(plain["session_id"]) == _policy(False, False)
 
 
 # -- served, against real gateways and a real worker, with the seed's client rules

@@ -63,7 +63,7 @@ async def _list(http: aiohttp.ClientSession, gw: RunningGateway, user: str,
 
 
 def test_page_keys_round_trip_and_junk_is_invalid_cursor() -> None:
-    key = sessions.PageKey(1_700_000_000_123_456, "s_" + "A" * 22)
+    key = sessions.PageKey(created_at_us=1_700_000_000_123_456, session_id="s_" + "A" * 22)
     assert sessions.PageKey.decode(key.encode()) == key
     for junk in ("", "1", "x.s_" + "A" * 22, "1.s_short", "-1.s_" + "A" * 22,
                  "\u00b2.s_" + "A" * 22, "1" * 19 + ".s_" + "A" * 22, "9" * 18 + ".s_" + "A" * 22,
@@ -73,9 +73,22 @@ def test_page_keys_round_trip_and_junk_is_invalid_cursor() -> None:
 
 
 def test_audit_rows_name_each_field_group_given() -> None:
-    before = sessions.Settings("a", "enqueue", False, False, None)
-    after = sessions.Settings("b", "reject", True, False, 5)
-    got = sessions.audit_rows(before, after, sessions.Changes("b", "reject", True, None, True))
+    before = sessions.Settings(
+        title="a",
+        run_policy="enqueue",
+        include_thinking=False,
+        include_tool_calls=False,
+        archived_at_ms=None,
+    )
+    after = sessions.Settings(
+        title="b",
+        run_policy="reject",
+        include_thinking=True,
+        include_tool_calls=False,
+        archived_at_ms=5,
+    )
+    changes = sessions.Changes(title="b", run_policy="reject", include_thinking=True, archived=True)
+    got = sessions.audit_rows(before, after, changes)
     assert got == [
         ("rename_session", {"title": "b", "previous": "a"}),
         ("set_run_policy", {"run_policy": "reject", "previous": "enqueue"}),
