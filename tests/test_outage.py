@@ -347,7 +347,9 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
 ) -> None:
     async with (
         _restarting(killable),
-        running_gateway(make_settings(killable), db_retry_s=0.3) as gw,
+        # Each read is tried three times (retried after 0.05 s and 0.1 s), then
+        # answered: some forty requests, each a read or more, one after another.
+        running_gateway(make_settings(killable), db_retry_s=0.1) as gw,
     ):
         sid = await session_with(http, gw, "alice")
         async with _connected(make_settings(killable), "outage-setup") as b:
