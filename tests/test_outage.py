@@ -40,7 +40,7 @@ from .gw import RunningGateway, append_text, running_gateway, session_with, writ
 from .helpers import KillableStack, make_settings
 from .proxy import CuttingProxy
 
-GW_RETRY_S = 2.0  # the gateway's reads give up after this, well within the outage
+GW_RETRY_S = 0.5  # the gateway's reads give up after this, well within the outage
 WRITER_RETRY_S = 120.0  # the writer's commits wait the whole outage out
 UNAVAILABLE = {"code": "storage_unavailable", "retryable": True}
 
