@@ -198,6 +198,7 @@ SLOW = frozenset(
         "test_fuzz.py",
         "test_packaging.py",
         "test_scale.py",
+        "test_cluster.py",
         "test_catchup.py::test_a_replay_to_a_client_that_does_not_read_holds_no_page_and_a_bounded_queue",
         "test_dependency_contracts.py::test_a_broken_name_is_refused_at_import_under_python_O",
         "test_gateway_procs.py::test_up_with_gateway_processes_serves_from_each_on_one_port",
