@@ -225,7 +225,12 @@ def is_slow(item: pytest.Item) -> bool:
     return module in SLOW or f"{module}::{name}" in SLOW
 
 
+# Every test collected, before -m or -k deselect any (tests/test_markers.py).
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[COLLECTED] = list(items)
     for item in items:
         if not any(item.get_closest_marker(k) for k in KINDS):
             item.add_marker(kind_of(item))

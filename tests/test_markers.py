@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import BROWSER_FIXTURES, KINDS, SERVER_FIXTURES, SERVER_MODULES, SLOW
+from .conftest import BROWSER_FIXTURES, COLLECTED, KINDS, SERVER_FIXTURES, SERVER_MODULES, SLOW
 
 ROOT = Path(__file__).resolve().parent.parent
 # Selects a test with no kind or with two: none may match.
@@ -28,10 +28,11 @@ def _kinds(item: pytest.Item) -> list[str]:
 def test_each_collected_test_has_one_kind_and_no_unit_test_uses_a_server(
     request: pytest.FixtureRequest,
 ) -> None:
-    """Over what this session collected (the whole suite under `make test`).
-    A test may say `integration` itself (one that starts a server in its
-    body, where no fixture shows it); never `unit` over a server fixture."""
-    items = request.session.items
+    """Over what this session collected, deselected tests included (the whole
+    suite under `make test` and `make test-fast`). A test may say
+    `integration` itself (one that starts a server in its body, where no
+    fixture shows it); never `unit` over a server fixture."""
+    items = request.config.stash[COLLECTED]
     assert request.node in items
     wrong = []
     for item in items:
