@@ -329,7 +329,9 @@ async def test_sigterm_drains_releases_waiting_runs_and_ends_streaming_ones(
     draining = WorkerProcess(
         settings,
         tmp_path / "a.log",
-        scripted_tokens_per_s=20.0,
+        # The long story (2,000 tokens: 20 s) still streams past the drain's
+        # 1 s; the other run reaches its approval in under a second.
+        scripted_tokens_per_s=100.0,
         drain_timeout_s=1.0,
         worker_lease_s=30.0,  # a released run must not wait for its lease
         **IN_SLOT,
