@@ -12,7 +12,7 @@ CHROMIUM := /usr/bin/chromium
 # The docs' shell quickstarts use jq (tests/test_docs.py runs them).
 JQ := /usr/bin/jq
 
-.PHONY: run test check lint bench bench-scale fuzz clean vendor
+.PHONY: run test test-fast check lint bench bench-scale fuzz clean vendor
 # The real JavaScript clients the compat projections are tested with (pinned
 # in tests/clients/package-lock.json).
 CLIENTS := tests/clients/node_modules/.installed
@@ -50,8 +50,14 @@ run: $(RUN_STAMP)
 vendor:
 	node gateway/static/vendor/build.mjs
 
+# Everything (what CI runs), with the 20 slowest tests listed at the end.
 test: $(STAMP) $(CLIENTS) | $(CHROMIUM) $(JQ)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
+
+# While developing: the tests that need no server (pure code and the memory
+# backends; markers set in tests/conftest.py), in about a minute.
+test-fast: $(STAMP) $(CLIENTS)
+	$(BIN)/python -m pytest -q -m "unit and not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

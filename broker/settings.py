@@ -395,6 +395,9 @@ class Settings:
     scripted_tokens_per_s: float = _opt(
         50.0, "Token rate of the scripted demo adapter (tokens/s); 0: as fast as possible."
     )
+    scripted_slow_tool_s: float = _opt(
+        10.0, "How long search_docs takes when a scripted run's input says `slow tool` (s)."
+    )
     openai_base_url: str = _opt(
         "https://api.openai.com/v1",
         "Base URL of an OpenAI-compatible Chat Completions API, with its version path.",

@@ -194,3 +194,65 @@ async def no_leaks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
         f"{t.get_name()} ({t.get_coro()!r})" for t in tasks
     )
     assert not conns, f"TCP connections left open: {sorted(map(str, conns))}"
+
+
+# -- markers: every test is exactly one of unit, integration or browser (by the
+# fixtures it uses), and some are also slow (pyproject.toml registers them;
+# `make test-fast` runs `unit and not slow`, `make test` runs everything).
+
+# Fixtures that start (or stand on) a real NATS, PostgreSQL, gateway or worker
+# process; item.fixturenames is the closure, so `settings`, `broker`, `client`
+# and every module fixture built on `stack` count too.
+SERVER_FIXTURES = frozenset({"stack", "killable", "up"})
+BROWSER_FIXTURES = frozenset({"browser", "pages"})
+# Modules whose tests start real servers in their bodies (no fixture to see).
+SERVER_MODULES = frozenset({"test_embedded.py", "test_up.py"})
+# Tests that take ten seconds or more on an idle 2-core machine, or a group of
+# subprocess-bound ones that does together (a wheel build, a thousand runs,
+# a drain under load, twenty `python -O` imports): outside `make test-fast`
+# whatever their kind, and `-m "not slow"` leaves them out of any run. A
+# module name marks the whole module, module::test one test (every
+# parameter set of it).
+SLOW = frozenset(
+    {
+        "test_fuzz.py",
+        "test_packaging.py",
+        "test_scale.py",
+        "test_cluster.py",
+        "test_catchup.py::test_a_replay_to_a_client_that_does_not_read_holds_no_page_and_a_bounded_queue",
+        "test_dependency_contracts.py::test_a_broken_name_is_refused_at_import_under_python_O",
+        "test_gateway_procs.py::test_up_with_gateway_processes_serves_from_each_on_one_port",
+        "test_markers.py::test_no_test_of_the_suite_has_no_kind_or_two",
+        "test_worker_outage.py::test_postgres_down_past_the_leases_fails_no_streaming_run",
+        "test_worker_parking.py::test_a_thousand_waiting_runs_hold_no_slot_and_each_resumes_once",
+    }
+)
+KINDS = ("unit", "integration", "browser")
+
+
+def kind_of(item: pytest.Item) -> str:
+    used = set(getattr(item, "fixturenames", ()))
+    if used & BROWSER_FIXTURES:
+        return "browser"
+    if used & SERVER_FIXTURES or item.path.name in SERVER_MODULES:
+        return "integration"
+    return "unit"
+
+
+def is_slow(item: pytest.Item) -> bool:
+    module = item.path.name
+    name = getattr(item, "originalname", item.name)  # every parameter set of a test
+    return module in SLOW or f"{module}::{name}" in SLOW
+
+
+# Every test collected, before -m or -k deselect any (tests/test_markers.py).
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[COLLECTED] = list(items)
+    for item in items:
+        if not any(item.get_closest_marker(k) for k in KINDS):
+            item.add_marker(kind_of(item))
+        if is_slow(item):
+            item.add_marker("slow")

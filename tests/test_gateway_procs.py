@@ -409,6 +409,7 @@ def _listener_pids(port: int) -> set[int]:
     }
 
 
+@pytest.mark.integration  # `runlog up` in its body: no server fixture shows it
 @pytest.mark.timeout(240)
 async def test_up_with_gateway_processes_serves_from_each_on_one_port() -> None:
     from .test_up import Up, _consecutive_free_ports

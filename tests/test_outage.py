@@ -40,7 +40,7 @@ from .gw import RunningGateway, append_text, running_gateway, session_with, writ
 from .helpers import KillableStack, make_settings
 from .proxy import CuttingProxy
 
-GW_RETRY_S = 2.0  # the gateway's reads give up after this, well within the outage
+GW_RETRY_S = 0.5  # the gateway's reads give up after this, well within the outage
 WRITER_RETRY_S = 120.0  # the writer's commits wait the whole outage out
 UNAVAILABLE = {"code": "storage_unavailable", "retryable": True}
 
@@ -347,7 +347,9 @@ async def test_every_v1_endpoint_answers_storage_unavailable_while_postgres_is_d
 ) -> None:
     async with (
         _restarting(killable),
-        running_gateway(make_settings(killable), db_retry_s=0.3) as gw,
+        # Each read is tried three times (retried after 0.05 s and 0.1 s), then
+        # answered: some forty requests, each a read or more, one after another.
+        running_gateway(make_settings(killable), db_retry_s=0.1) as gw,
     ):
         sid = await session_with(http, gw, "alice")
         async with _connected(make_settings(killable), "outage-setup") as b:

@@ -4,9 +4,9 @@
 text-only answers, 300 tokens at 20 tokens/s, i.e. ~15 s of streaming each)
 are watched by 200 WebSocket clients spread over both gateways, each client
 following two runs, each run followed by eight clients (half of them in
-batch mode). While the first wave of runs streams, a new gateway and a new
-worker are started and one old gateway and one old worker get SIGTERM (a
-rolling replacement). Clients behave as the protocol asks: on
+batch mode). As the first wave of runs starts, a new gateway and a new
+worker are started, and once it has streamed a while one old gateway and one
+old worker get SIGTERM (a rolling replacement). Clients behave as the protocol asks: on
 `server_draining` or a dropped connection they reconnect (to another
 gateway, with jitter) and resubscribe from the last cursor they received.
 
@@ -227,14 +227,16 @@ async def test_drain_and_replace_under_steady_load(
         async with aiohttp.ClientSession(connector=connector) as http:
             tasks = [asyncio.create_task(f.follow(http, token, pick, deadline)) for f in followers]
 
+            # A rolling replacement, as an orchestrator does it: start the new
+            # gateway and worker (while the first wave streams: they take a
+            # few seconds to be ready), then SIGTERM the old ones mid-stream.
+            new_gw, new_wk = spares
+            spares_up = asyncio.gather(_start(new_gw, "/readyz"), _start(new_wk, "/healthz"))
             # Mid-stream: most of the first wave has streamed a while.
             async with asyncio.timeout(90):
                 while sum(1 for f in followers for t in f.topics if f.last[t] >= 30) < CLIENTS:
                     await asyncio.sleep(0.1)
-            # A rolling replacement, as an orchestrator does it: start the new
-            # gateway and worker, then SIGTERM the old ones.
-            new_gw, new_wk = spares
-            await asyncio.gather(_start(new_gw, "/readyz"), _start(new_wk, "/healthz"))
+            await spares_up
             live.append(new_gw.url)
             t_mid = time.monotonic() - t0
             victim_gw, victim_wk = gateways[0], workers[0]

@@ -1,15 +1,17 @@
 """PostgreSQL outages under streaming runs: ridden out, not turned into
 failures (DESIGN guarantee 10), while fencing still decides every commit.
 
-The outage test stops the private `killable` PostgreSQL for a minute under
-two in-process workers; the partition test cuts one worker off PostgreSQL
-(a CuttingProxy) while it stays up for the other.
+The outage test stops the private `killable` PostgreSQL under two
+in-process workers for three of their leases and several read retries; the
+partition test cuts one worker off PostgreSQL (a CuttingProxy) while it
+stays up for the other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from typing import Any
 
@@ -25,6 +27,7 @@ from .helpers import KillableStack, make_settings, sample
 from .proxy import CuttingProxy
 from .workerkit import (
     IN_SLOT,
+    WORKER_DEFAULTS,
     of,
     running_worker,
     scripted_text,
@@ -35,7 +38,13 @@ from .workerkit import (
     wait_until,
 )
 
-_OUTAGE_S = 60.0
+# The outage outlasts what would turn it into failures if it were not ridden
+# out: the leases (WORKER_DEFAULTS: 3 s; every run's is expired when
+# PostgreSQL comes back) and the retries of reads (db_retry_s), several times
+# over; it stays under storage_outage_grace_s (120 s), past which writers fail.
+_DB_RETRY_S = 2.0
+_OUTAGE_S = 3 * max(WORKER_DEFAULTS["worker_lease_s"], _DB_RETRY_S)
+_SLOW_TOOL_S = 3.0  # search_docs under `slow tool` (scripted_slow_tool_s; 10 s by default)
 
 
 def _outcomes(w: Worker, name: str, labels: tuple[str, ...]) -> dict[str, float]:
@@ -50,16 +59,19 @@ async def _wait_ended(b: Broker, run_ids: list[str], timeout_s: float) -> None:
     await wait_until(all_ended, timeout_s=timeout_s, interval_s=0.2)
 
 
-async def test_postgres_down_for_a_minute_fails_no_streaming_run(
+async def test_postgres_down_past_the_leases_fails_no_streaming_run(
     killable: KillableStack,
 ) -> None:
-    """16 runs stream on two workers (leases of 3 s) while PostgreSQL is
-    down for 60 s: the workers keep their runs, buffer (bounded: the models
-    wait once `max_pending_events` are pending), commit when it is back, and
-    no worker takes over another's runs. Every run completes with exactly
-    the scripted text, each seq once."""
+    """16 runs stream on two workers (leases of 3 s, reads retried for 2 s)
+    while PostgreSQL is down for three leases (_OUTAGE_S): the workers keep
+    their runs, buffer (bounded: the models wait once `max_pending_events`
+    are pending), commit when it is back, and no worker takes over another's
+    runs. Every run completes with exactly the scripted text, each seq once."""
     async with fresh_database(killable, "outage") as database_url:
-        settings = dataclasses.replace(make_settings(killable), database_url=database_url)
+        settings = dataclasses.replace(
+            make_settings(killable, db_retry_s=_DB_RETRY_S), database_url=database_url
+        )
+        assert _OUTAGE_S < settings.storage_outage_grace_s
         # Slots to spare on both (24 for 16 runs): a reaper that took expired
         # runs over after the outage would have room to.
         n_runs, concurrency = 16, 12
@@ -191,15 +203,16 @@ async def test_a_run_that_asks_for_approval_during_an_outage_waits_it_out(
     (waiting in its slot: a parked run is woken under the next epoch)."""
     async with fresh_database(killable, "outage_approval") as database_url:
         settings = dataclasses.replace(
-            make_settings(killable), database_url=database_url, db_retry_s=2.0
+            make_settings(killable, db_retry_s=_DB_RETRY_S, scripted_slow_tool_s=_SLOW_TOOL_S),
+            database_url=database_url,
         )
         async with running_worker(settings, **IN_SLOT) as (b, w):
             _, run_id = await start(b, "slow tool: tell me about approvals")
-            await wait_event(b, run_id, "progress")  # search_docs runs for ~10 s
+            await wait_event(b, run_id, "progress")  # search_docs runs for _SLOW_TOOL_S
             killable.pg.kill()
             await killable.pg.wait_stopped()
-            # Down past the tool's end and past db_retry_s after it.
-            await asyncio.sleep(14.0)
+            # Down past the tool's end and past db_retry_s after it (twice).
+            await asyncio.sleep(_SLOW_TOOL_S + 2 * _DB_RETRY_S)
             await killable.pg.restart()
             req = await wait_event(b, run_id, "approval_required", timeout_s=60)
             assert isinstance(req, events.ApprovalRequired)
@@ -210,5 +223,12 @@ async def test_a_run_that_asks_for_approval_during_an_outage_waits_it_out(
             assert evs[-1].status == "completed"  # type: ignore[union-attr]
             assert (await b.store.get_run(run_id)).owner_epoch == 1
             assert [r.status for r in of(evs, events.ToolResult)] == ["ok", "ok"]
+            # The search took _SLOW_TOOL_S (100 steps), so it ended in the outage.
+            (search,) = [c for c in of(evs, events.ToolCallStart) if c.tool_name == "search_docs"]
+            deltas = of(evs, events.ToolArgsDelta)
+            args = json.loads(
+                "".join(d.partial_json for d in deltas if d.tool_call_id == search.tool_call_id)
+            )
+            assert args["steps"] * args["delay_ms"] == 1000 * _SLOW_TOOL_S
             runs = _outcomes(w, "runlog_worker_runs_total", RUN_OUTCOMES)
             assert runs == {**dict.fromkeys(RUN_OUTCOMES, 0.0), "completed": 1.0}

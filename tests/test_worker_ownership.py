@@ -7,7 +7,6 @@ import asyncio
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -99,13 +98,16 @@ async def test_kill_9_is_taken_over_in_seconds_not_after_the_lease(
     """The dead worker's connections closed with its process: its run is
     resumed within seconds, though its lease (15 s, renewed every 5 s) has
     10 s or more to go at the kill."""
-    lease: dict[str, Any] = {"worker_lease_s": 15.0, "scripted_tokens_per_s": 40.0}
-    doomed = WorkerProcess(settings, tmp_path / "a.log", **lease)
+    doomed = WorkerProcess(
+        settings, tmp_path / "a.log", worker_lease_s=15.0, scripted_tokens_per_s=40.0
+    )
     await doomed.start()
     try:
         _, run_id = await start(client, "long story")
         await wait_event(client, run_id, "text_delta", count=10)
-        async with running_worker(settings, purge=False, **lease) as (_, w):
+        # The survivor answers at full speed: the takeover is what is timed,
+        # not the 2,000 tokens it streams after (50 s at the doomed one's pace).
+        async with running_worker(settings, purge=False, worker_lease_s=15.0) as (_, w):
             await asyncio.sleep(1.5)  # the survivor has been up for its liveness grace (1 s)
             killed = time.monotonic()
             await doomed.kill()
@@ -327,7 +329,9 @@ async def test_sigterm_drains_releases_waiting_runs_and_ends_streaming_ones(
     draining = WorkerProcess(
         settings,
         tmp_path / "a.log",
-        scripted_tokens_per_s=20.0,
+        # The long story (2,000 tokens: 20 s) still streams past the drain's
+        # 1 s; the other run reaches its approval in under a second.
+        scripted_tokens_per_s=100.0,
         drain_timeout_s=1.0,
         worker_lease_s=30.0,  # a released run must not wait for its lease
         **IN_SLOT,

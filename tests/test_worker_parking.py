@@ -77,7 +77,10 @@ async def test_a_thousand_waiting_runs_hold_no_slot_and_each_resumes_once(
     log = tmp_path / "sent"
     monkeypatch.setenv(TOOL_LOG_ENV, str(log))
     n = 1000
-    async with running_worker(settings, concurrency=4, tools=TOOLS) as (_, w):
+    # Sixteen slots for a thousand runs: all of them park, none holds a slot.
+    # (With 4, the thousand queued behind four slots, each held for
+    # search_docs's 150 ms before the run parks: 68 s against 43 s, loaded.)
+    async with running_worker(settings, concurrency=16, tools=TOOLS) as (_, w):
         run_ids = await _start_many(client, n, "send the report")
         await wait_until(lambda: _parked(client, run_ids), timeout_s=300, interval_s=0.5)
 

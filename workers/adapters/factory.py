@@ -20,7 +20,7 @@ def make_adapter(settings: Settings) -> ModelAdapter:
     if name == "scripted":
         from .scripted import ScriptedAdapter
 
-        return ScriptedAdapter(settings.scripted_tokens_per_s)
+        return ScriptedAdapter(settings.scripted_tokens_per_s, settings.scripted_slow_tool_s)
     if name == "openai":
         from .openai import OpenAIAdapter
 

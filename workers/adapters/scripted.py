@@ -19,8 +19,9 @@ The user's input steers it (case-insensitive whole words, first match wins):
 
 Modifiers of the default script: `no approval` skips send_message; `note`
 also calls save_note (medium risk, side effects) in the first turn, in
-parallel with and before search_docs; `slow tool` makes search_docs take ~10 s
-(100 progress steps).
+parallel with and before search_docs; `slow tool` makes search_docs take
+`slow_tool_s` (the scripted_slow_tool_s setting, 10 s by default; 100 progress
+steps).
 
 Which turn it is comes from the conversation (the tool results so far), so
 the script resumes correctly after a takeover.
@@ -131,8 +132,9 @@ class ScriptedAdapter:
     name = "scripted"
     model = SCRIPTED_MODEL
 
-    def __init__(self, tokens_per_s: float = 50.0) -> None:
+    def __init__(self, tokens_per_s: float = 50.0, slow_tool_s: float = 10.0) -> None:
         self.tokens_per_s = tokens_per_s
+        self.slow_tool_s = slow_tool_s
         self._ticks = _Ticks()
 
     async def aclose(self) -> None:
@@ -140,12 +142,13 @@ class ScriptedAdapter:
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelItem]:
         # The turn's generator itself: no generator in between per token.
-        return _Turn(request, _Pacer(self.tokens_per_s, self._ticks)).play()
+        return _Turn(request, _Pacer(self.tokens_per_s, self._ticks), self.slow_tool_s).play()
 
 
 class _Turn:
-    def __init__(self, request: ModelRequest, pacer: _Pacer) -> None:
+    def __init__(self, request: ModelRequest, pacer: _Pacer, slow_tool_s: float = 10.0) -> None:
         self.pacer = pacer
+        self.slow_tool_s = slow_tool_s
         user = [m.content for m in request.messages if m.role == "user"]
         self.input = user[0] if user else ""
         self.lower = self.input.lower()
@@ -238,7 +241,8 @@ class _Turn:
             yield item
         search: dict[str, object] = {"query": self.topic, "steps": 3, "delay_ms": 50}
         if self._has("slow tool"):
-            search = {"query": self.topic, "steps": 100, "delay_ms": 100}
+            delay_ms = max(0, round(self.slow_tool_s * 1000 / 100))
+            search = {"query": self.topic, "steps": 100, "delay_ms": delay_ms}
         calls: list[tuple[str, dict[str, object]]] = [("search_docs", search)]
         if self._has("note"):
             calls.insert(0, ("save_note", {"text": f"Looking into {self.topic}."}))
