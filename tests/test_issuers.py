@@ -316,9 +316,11 @@ async def test_es256_and_eddsa_issuers_and_prefixes(
 async def test_rotation_overlap_then_the_old_key_is_refused(
     jwks: Jwks, settings: Settings, http: aiohttp.ClientSession
 ) -> None:
+    # No refresh during the test: every fetch here is one a fresh kid caused
+    # (no cool-down, so that each fresh kid may cause one).
     old, new = es("old"), es("new")
     jwks.docs["rot"] = [old.jwk()]
-    trusted = [issuer("rot", jwks, ["ES256"], refresh_s=0.5)]
+    trusted = [issuer("rot", jwks, ["ES256"], refresh_s=300, refetch_cooldown_s=0)]
     async with running_gateway(settings, trusted_issuers=json.dumps(trusted)) as gw:
         iss, aud = "https://rot.example", "aud-rot"
         assert accepted(await answer(gw, http, "rest", old.token(iss, aud)), "rot:alice")
@@ -328,16 +330,33 @@ async def test_rotation_overlap_then_the_old_key_is_refused(
             got = await answer(gw, http, transport, new.token(iss, aud))
             assert accepted(got, "rot:alice"), (transport, got)
             assert accepted(await answer(gw, http, transport, old.token(iss, aud)), "rot:alice")
-        jwks.docs["rot"] = [new.jwk()]
-        hits = jwks.hits["rot"]
-        async with asyncio.timeout(5):
-            while jwks.hits["rot"] < hits + 1:  # the next refresh
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.1)
+        assert jwks.hits["rot"] == 2
+        # So does the first one on the other ways in: ?access_token= on SSE, x-api-key.
+        old_auth = {"Authorization": "Bearer " + old.token(iss, aud)}
+        async with http.post(gw.url + "/v1/sessions", json={"title": "t"}, headers=old_auth) as r:
+            sid = (await r.json())["session_id"]
+        sse, lg = es("fresh-sse"), es("fresh-langgraph")
+        jwks.docs["rot"].append(sse.jwk())
+        url = f"{gw.url}/v1/sessions/{sid}/events?access_token={sse.token(iss, aud)}"
+        async with http.get(url, headers={"Accept": "text/event-stream"}) as r:
+            assert r.status == 200, await r.text()
+            assert b": connected" in await asyncio.wait_for(r.content.readuntil(b"\n\n"), 10)
+        jwks.docs["rot"].append(lg.jwk())
+        api_key = {"x-api-key": lg.token(iss, aud)}
+        async with http.post(
+            gw.url + "/v1/compat/langgraph/threads", json={}, headers=api_key
+        ) as r:
+            assert r.status == 200, await r.text()
+        assert jwks.hits["rot"] == 4
+        # The old key leaves the JWKS: refused once the next fetch saw it gone.
+        newest = es("newest")
+        jwks.docs["rot"] = [new.jwk(), newest.jwk()]
+        assert accepted(await answer(gw, http, "rest", newest.token(iss, aud)), "rot:alice")
+        assert jwks.hits["rot"] == 5
         for transport in TRANSPORTS:
             got = await answer(gw, http, transport, old.token(iss, aud))
             assert got[0] == 401 and got[1] in ("unauthorized", ""), (transport, got)
-        assert accepted(await answer(gw, http, "rest", new.token(iss, aud)), "rot:alice")
+        assert accepted(await answer(gw, http, "ws_auth", new.token(iss, aud)), "rot:alice")
 
 
 async def test_provider_down_keeps_the_cached_keys(
