@@ -223,6 +223,9 @@ def _main(argv: list[str] | None) -> None:
                     hint="stop it (Ctrl-C), or give this one another --data-dir",
                 )
             _check_agent(settings)
+            from gateway import issuers
+
+            issuers.check(settings)  # one line here, not gateways failing to start
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
         if logged:

@@ -34,10 +34,11 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from broker import errors
+from broker import control, errors
+from broker.runtime import Broker
 from broker.settings import Settings
 from broker.sockets import bind_free_port
-from gateway import issuers
+from gateway import access, issuers
 
 from .gw import RunningGateway, running_gateway
 
@@ -311,6 +312,38 @@ async def test_es256_and_eddsa_issuers_and_prefixes(
             assert (r.status, (await r.json())["error"]["code"]) == (403, "not_a_member")
         # runlog's own tokens still work beside them.
         assert accepted(await answer(gw, http, "rest", gw.token("alice")), "alice")
+
+
+async def test_revocation_caps_and_refresh_use_the_qualified_user(
+    jwks: Jwks, settings: Settings, http: aiohttp.ClientSession, broker: Broker
+) -> None:
+    a, b = es("q1"), es("q1")
+    jwks.docs.update(qa=[a.jwk()], qb=[b.jwk()])
+    trusted = [issuer("qa", jwks, ["ES256"]), issuer("qb", jwks, ["ES256"])]
+    sub = f"carol-{uuid.uuid4().hex[:8]}"  # revoked below: a name no other test uses
+    async with running_gateway(settings, trusted_issuers=json.dumps(trusted),
+                               max_connections_per_user=1) as gw:  # fmt: skip
+        ta = a.token("https://qa.example", "aud-qa", sub=sub)
+        tb = b.token("https://qb.example", "aud-qb", sub=sub)
+        # One connection each: the cap is per qualified user, so two of them fit.
+        async with http.ws_connect(gw.ws_url, headers={"Authorization": f"Bearer {ta}"}) as wa:
+            assert json.loads((await wa.receive(timeout=10)).data)["user"] == f"qa:{sub}"
+            async with http.ws_connect(gw.ws_url, headers={"Authorization": f"Bearer {tb}"}) as wb:
+                assert json.loads((await wb.receive(timeout=10)).data)["user"] == f"qb:{sub}"
+                # A refresh with the other issuer's token is another user: refused.
+                await wa.send_str(json.dumps({"type": "auth", "ref": "r", "token": tb}))
+                reply = json.loads((await wa.receive(timeout=10)).data)
+                assert (reply["type"], reply["code"]) == ("error", "forbidden"), reply
+                await wa.send_str(json.dumps({"type": "auth", "ref": "r2", "token": ta}))
+                reply = json.loads((await wa.receive(timeout=10)).data)
+                assert reply == {"type": "authenticated", "ref": "r2", "user": f"qa:{sub}"}
+        not_before = await broker.store.revoke_tokens(f"qa:{sub}", "test")
+        assert await access.send(broker.bus,
+                                 control.TokensRevoked(user_id=f"qa:{sub}", not_before=not_before))  # fmt: skip
+        async with asyncio.timeout(10):
+            while (await answer(gw, http, "rest", ta))[1] != "token_revoked":
+                await asyncio.sleep(0.05)
+        assert accepted(await answer(gw, http, "rest", tb), f"qb:{sub}")  # another user
 
 
 async def test_rotation_overlap_then_the_old_key_is_refused(
@@ -632,3 +665,25 @@ def test_uuid_kids_are_opaque() -> None:
     k = es(str(uuid.uuid4()))
     v = issuers.Issuers(_settings([_one(jwks_url="", keys=[k.jwk()], algorithms=["ES256"])]))
     assert v.verify(k.token("https://idp.example", "runlog")).user == "alice"
+
+
+async def test_runlog_gateway_refuses_an_hmac_issuer_before_serving(settings: Settings) -> None:
+    bad = json.dumps([_one(algorithms=["HS256"])])
+    code, out, err = await _runlog("gateway", "--trusted-issuers", bad, "--gateway-port", "0",
+                                   "--nats-url", settings.nats_url,
+                                   "--database-url", settings.database_url)  # fmt: skip
+    assert (code, out) == (2, "")
+    [line] = err.splitlines()
+    assert line.startswith("runlog: error [invalid_setting]: RUNLOG_TRUSTED_ISSUERS")
+    assert "'HS256' is not an allowed algorithm" in line
+
+
+async def test_runlog_up_refuses_an_unusable_setting_before_starting(tmp_path: Path) -> None:
+    code, out, err = await _runlog("up", "--data-dir", str(tmp_path),
+                                   "--trusted-issuers", json.dumps([_one(jwks_url="ftp://x/")]))  # fmt: skip
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "runlog: error [invalid_setting]: RUNLOG_TRUSTED_ISSUERS / --trusted-issuers: 'ftp://x/' "
+        "is not an http(s) URL (issuer 'https://idp.example')"
+    ]
+    assert not (tmp_path / "pg").exists()  # nothing started
