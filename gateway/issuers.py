@@ -92,13 +92,14 @@ class Key:
 
     kid: str | None
     jwk: jwt.PyJWK
+    data: dict[str, Any]  # the public JWK
 
     @property
     def algorithm(self) -> str:
         return self.jwk.algorithm_name
 
     def describe(self) -> str:
-        data = self.jwk._jwk_data
+        data = self.data
         curve = f" {data['crv']}" if "crv" in data else ""
         bits = (
             f" {self.jwk.key.key_size} bits" if isinstance(self.jwk.key, rsa.RSAPublicKey) else ""
@@ -231,7 +232,7 @@ def jwk_keys(data: object, algorithms: list[str]) -> list[Key]:
         if data.get("alg", a) != a:
             continue
         try:
-            out.append(Key(kid, jwt.PyJWK(data, algorithm=a)))
+            out.append(Key(kid, jwt.PyJWK(data, algorithm=a), data))
         except jwt.PyJWTError as e:  # its message would show the key: the type only
             raise JwksError(f"a JWK that does not load ({type(e).__name__})") from None
     return out
@@ -264,7 +265,11 @@ async def fetch_jwks(http: aiohttp.ClientSession, c: IssuerConfig) -> list[Key]:
             async with http.get(c.jwks_url, headers={"Accept": "application/json"}) as r:
                 if r.status != 200:
                     raise JwksError(f"HTTP {r.status}")
-                body = await r.content.read(_JWKS_MAX_BYTES + 1)
+                body = b""
+                while chunk := await r.content.read(65536):
+                    body += chunk
+                    if len(body) > _JWKS_MAX_BYTES:
+                        break
     except TimeoutError:
         raise JwksError(f"no answer within {c.fetch_timeout_s:g} s") from None
     except aiohttp.ClientError as e:
@@ -401,7 +406,8 @@ class Issuers:
         c = i.config
         try:
             keys = await fetch_jwks(self._http, c)
-        except JwksError as e:
+        except Exception as e:  # JwksError, or what no request should see
+            e = e if isinstance(e, JwksError) else JwksError(type(e).__name__)
             self._count(c.issuer, "error")
             log.warning("JWKS of issuer %s from %s did not load (%s); keeping its %d key(s)",
                         c.issuer, c.jwks_url, e, len(i.all))  # fmt: skip

@@ -687,3 +687,19 @@ async def test_runlog_up_refuses_an_unusable_setting_before_starting(tmp_path: P
         "is not an http(s) URL (issuer 'https://idp.example')"
     ]
     assert not (tmp_path / "pg").exists()  # nothing started
+
+
+async def test_a_large_jwks_is_read_whole_and_an_oversized_one_refused(jwks: Jwks) -> None:
+    k = es("big")
+    jwks.docs["big"] = [{**k.jwk(), "x-padding": "a" * 300_000}]  # many reads of the body
+    jwks.docs["huge"] = [{**k.jwk(), "x-padding": "a" * 1_100_000}]
+    big = issuers.IssuerConfig(issuer="https://big.example", audience="a",
+                               algorithms=["ES256"], jwks_url=jwks.of("big"))  # fmt: skip
+    huge = issuers.IssuerConfig(issuer="https://huge.example", audience="a",
+                                algorithms=["ES256"], jwks_url=jwks.of("huge"))  # fmt: skip
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        [key] = await issuers.fetch_jwks(http, big)
+        assert (key.kid, key.algorithm) == ("big", "ES256")
+        with pytest.raises(issuers.JwksError, match="over 1048576 bytes"):
+            await issuers.fetch_jwks(http, huge)
