@@ -330,29 +330,36 @@ ISSUERS: web.AppKey[Issuers] = web.AppKey("issuers")
 
 class Issuers:
     """Every token's verifier: runlog's own (auth.verify) and the trusted
-    issuers'. Constructed without I/O; `start` loads the JWKS and keeps them
-    fresh, `close` stops."""
+    issuers'. Constructed without I/O; `load` reads the setting (a file,
+    perhaps) and its inline keys, `start` loads it and the JWKS and keeps them
+    fresh, `close` stops. Until loaded, only runlog's own tokens verify."""
 
     def __init__(
         self, settings: Settings, loads: Counter | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         self.settings = settings
-        self._issuers = {c.issuer: _Issuer(c) for c in configured(settings)}
+        self._issuers: dict[str, _Issuer] = {}
         self._loads = loads
         self._clock = clock
         self._http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        if loads is not None:
+
+    def load(self) -> Issuers:
+        """Read trusted_issuers (InvalidSetting if unusable); returns self."""
+        self._issuers = {c.issuer: _Issuer(c) for c in configured(self.settings)}
+        if self._loads is not None:
             for iss in self._issuers:
                 for outcome in ("ok", "error"):
-                    loads.labels(iss, outcome)
+                    self._loads.labels(iss, outcome)
+        return self
 
     @property
     def names(self) -> list[str]:
         return list(self._issuers)
 
     async def start(self) -> None:
+        self.load()
         remote = [i for i in self._issuers.values() if i.config.jwks_url]
         if not remote:
             return

@@ -592,7 +592,7 @@ def test_inline_pem_and_jwk_keys_kidless_tried_in_order(tmp_path: Path) -> None:
         'algorithms = ["RS256", "ES256", "EdDSA"]\nroles_claim = "runlog_roles"\n'
         f"keys = [{keys}]\n"
     )
-    v = issuers.Issuers(Settings(trusted_issuers=str(path)))
+    v = issuers.Issuers(Settings(trusted_issuers=str(path))).load()
     iss, aud = "https://inline.example", "runlog"
     assert v.verify(one.token(iss, aud)).user == "alice"
     p = v.verify(two.token(iss, aud, runlog_roles={"s_1": "viewer"}))
@@ -604,7 +604,7 @@ def test_inline_pem_and_jwk_keys_kidless_tried_in_order(tmp_path: Path) -> None:
     with pytest.raises(errors.Unauthorized, match="no key of its issuer has its kid"):
         v.verify(three.token(iss, aud))  # not one of its keys
     jwk_only = issuers.Issuers(_settings([_one(jwks_url="", keys=[three.jwk()],
-                                               algorithms=["EdDSA"], user_claim="email")]))  # fmt: skip
+                                               algorithms=["EdDSA"], user_claim="email")])).load()  # fmt: skip
     tok = three.token("https://idp.example", "runlog", email="ann@example.com")
     assert jwk_only.verify(tok).user == "ann@example.com"
     with pytest.raises(errors.Unauthorized, match="'email'"):
@@ -613,7 +613,7 @@ def test_inline_pem_and_jwk_keys_kidless_tried_in_order(tmp_path: Path) -> None:
 
 def test_no_issuers_is_runlogs_own_tokens_only() -> None:
     s = Settings()
-    v = issuers.Issuers(s)
+    v = issuers.Issuers(s).load()
     tok = jwt.encode(claims_of("elsewhere", "x"), s.jwt_secret, algorithm="HS256")
     with pytest.raises(errors.Unauthorized) as info:
         v.verify(tok)
@@ -663,7 +663,7 @@ async def test_runlog_issuers_check(jwks: Jwks) -> None:
 def test_uuid_kids_are_opaque() -> None:
     # A kid is any string: never parsed, never a URL.
     k = es(str(uuid.uuid4()))
-    v = issuers.Issuers(_settings([_one(jwks_url="", keys=[k.jwk()], algorithms=["ES256"])]))
+    v = issuers.Issuers(_settings([_one(jwks_url="", keys=[k.jwk()], algorithms=["ES256"])])).load()
     assert v.verify(k.token("https://idp.example", "runlog")).user == "alice"
 
 
