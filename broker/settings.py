@@ -195,6 +195,16 @@ class Settings:
         "Clock skew allowed between a token's issuer and the gateway when `exp` and `iat` "
         "are checked (s).",
     )
+    trusted_issuers: str = _opt(
+        "",
+        "Token issuers trusted besides runlog's own (OIDC providers: Keycloak, Auth0, ...): a "
+        "JSON list of issuers, or the path of a .json file holding one or of a .toml file of "
+        "[[issuers]] tables. Each: issuer (exact iss), audience (required aud), jwks_url or "
+        "keys (inline PEM/JWK public keys), algorithms (of RS256, RS384, RS512, PS256, ES256, "
+        "ES384, EdDSA), user_claim (default sub), user_prefix, roles_claim, refresh_s (300), "
+        "refetch_cooldown_s (60), fetch_timeout_s (5); see docs/security.md. Empty: only "
+        "runlog's own HS256 tokens.",
+    )
     allowed_origins: str = _opt(
         "",
         "Comma-separated Origins allowed to open WebSockets, besides the gateway's own; "

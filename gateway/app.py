@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import _aio, auth, console, credentials, error_answer, openapi, rest, ws
+from . import _aio, auth, console, credentials, error_answer, issuers, openapi, rest, ws
 from .compat import agentui_http, agui_http, aisdk_http, langgraph_http, openai_http, sim_http
 from .context import GATEWAY, Gateway, json_response
 from .metrics import GatewayMetrics
@@ -147,6 +147,7 @@ def build_app(
         b = broker or await Broker.connect(settings, registry=registry, name="runlog-gateway")
         gw = Gateway(b, settings, GatewayMetrics(registry))
         app[GATEWAY] = gw
+        app[issuers.ISSUERS] = gw.issuers  # credentials' middleware: fresh keys before a handler
         try:
             await gw.start()
             yield

@@ -1,4 +1,5 @@
-"""Bearer tokens (JWT, HS256 via PyJWT) and the role rules.
+"""Bearer tokens (JWT via PyJWT: runlog's own HS256 ones here, those of the
+trusted issuers in issuers.py) and the role rules.
 
 Roles per session: owner, approver, viewer.
 
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import jwt
 
@@ -38,6 +40,12 @@ class Principal:
     user: str
     expires_at: float  # s since the epoch
     issued_at: float = 0.0  # s since the epoch (`iat`)
+    # The trusted issuer's `iss` ("": runlog's own, jwt_issuer). `user` is
+    # already qualified by that issuer's user_prefix.
+    issuer: str = ""
+    # {session id: role} from the issuer's roles_claim: parsed and kept, not
+    # applied yet (roles come from member rows).
+    roles: dict[str, str] = field(default_factory=dict)
 
 
 def mint(settings: Settings, user: str, ttl_s: float | None = None) -> str:
@@ -59,15 +67,30 @@ def verify(settings: Settings, token: str) -> Principal:
     jwt_issuer, with `sub`, `iat` and `exp`; `exp` not past and `iat` not in
     the future (each give or take jwt_leeway_s, for clock skew); a lifetime
     `exp - iat` of at most jwt_max_ttl_s, so a leaked token is worth a bounded
-    time whatever its issuer asked for."""
+    time whatever its issuer asked for. (Tokens of the trusted issuers are
+    gateway/issuers.py's, which checks them the same way.)"""
+    claims = decode(
+        settings, token, settings.jwt_secret, _ALGORITHMS, issuer=settings.jwt_issuer,
+        require=["sub", "exp", "iss", "iat"],
+    )  # fmt: skip
+    return principal_of(settings, claims, claims.get("sub"))
+
+
+def decode(
+    settings: Settings, token: str, key: object, algorithms: list[str], *, issuer: str,
+    require: list[str], audience: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """PyJWT's decode with explicit algorithms, issuer (and audience), its
+    errors told as 401s with stable codes (token_expired, else unauthorized)."""
     try:
-        claims = jwt.decode(
+        claims: dict[str, Any] = jwt.decode(
             token,
-            settings.jwt_secret,
-            algorithms=_ALGORITHMS,
-            issuer=settings.jwt_issuer,
+            key,  # type: ignore[arg-type]
+            algorithms=algorithms,
+            issuer=issuer,
+            audience=audience,
             leeway=settings.jwt_leeway_s,
-            options={"require": ["sub", "exp", "iss", "iat"]},
+            options={"require": require},
         )
     except jwt.ExpiredSignatureError as e:
         raise errors.TokenExpired("the token has expired", hint="get a new token") from e
@@ -80,9 +103,19 @@ def verify(settings: Settings, token: str) -> Principal:
         ) from e
     except jwt.PyJWTError as e:
         raise errors.Unauthorized(f"invalid token: {type(e).__name__}") from e
-    sub, iat, exp = claims.get("sub"), claims["iat"], claims["exp"]
-    problem = ids.user_id_problem(sub) if isinstance(sub, str) else "not a string"
-    if problem is not None or not isinstance(sub, str):
+    return claims
+
+
+def principal_of(
+    settings: Settings, claims: dict[str, Any], user: object, *, prefix: str = "",
+    issuer: str = "", roles: dict[str, str] | None = None,
+) -> Principal:  # fmt: skip
+    """The principal of verified `claims` whose user id is `prefix` + `user`:
+    a valid user id, numeric `iat` and `exp`, a lifetime within jwt_max_ttl_s."""
+    iat, exp = claims["iat"], claims["exp"]
+    uid = prefix + user if isinstance(user, str) else None
+    problem = ids.user_id_problem(uid) if uid is not None else "not a string"
+    if problem is not None or uid is None:
         raise errors.Unauthorized(f"invalid token: bad subject ({problem})")
     # PyJWT takes numeric strings too; we do not.
     if not _is_number(iat) or not _is_number(exp):
@@ -94,7 +127,9 @@ def verify(settings: Settings, token: str) -> Principal:
             f"of {_secs(settings.jwt_max_ttl_s)} s (jwt_max_ttl_s)",
             hint="get a shorter-lived token",
         )
-    return Principal(user=sub, expires_at=float(exp), issued_at=float(iat))
+    return Principal(
+        user=uid, expires_at=float(exp), issued_at=float(iat), issuer=issuer, roles=roles or {}
+    )
 
 
 def _is_number(v: object) -> bool:

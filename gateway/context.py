@@ -17,7 +17,7 @@ from broker import errors, ids, models
 from broker.runtime import Broker
 from broker.settings import Settings
 
-from . import auth, credentials
+from . import auth, credentials, issuers
 from ._malloc import Trimmer
 from .access import Access
 from .admission import Admission
@@ -52,6 +52,7 @@ class Gateway:
         self.heartbeat = Heartbeat(settings.ws_heartbeat_s)  # every WebSocket's ping/pong
         self._run_sessions: dict[str, str] = {}
         self.access = Access(self)
+        self.issuers = issuers.Issuers(settings, metrics.jwks_loads)  # every token's verifier
         self.notices = Notices(broker.bus, settings.presence_refresh_s)
         self.hub.watch = self.notices
         public = settings.public_url or f"http://{settings.gateway_host}:{settings.gateway_port}"
@@ -62,6 +63,7 @@ class Gateway:
         }
 
     async def start(self) -> None:
+        await self.issuers.start()
         await self.access.start()
         await self.notices.start()
 
@@ -69,7 +71,7 @@ class Gateway:
 
     def verify(self, token: str) -> auth.Principal:
         """A valid, unrevoked token's principal (revocations are in memory)."""
-        p = auth.verify(self.settings, token)
+        p = self.issuers.verify(token)
         self.access.check(p)
         return p
 
@@ -201,6 +203,7 @@ class Gateway:
     async def close(self) -> None:
         await self.notices.close()
         await self.access.close()
+        await self.issuers.close()
         self.trimmer.close()
         self.heartbeat.close()
         await self.hub.close()

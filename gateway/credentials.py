@@ -25,7 +25,7 @@ from aiohttp import web
 
 from broker import errors
 
-from . import auth
+from . import auth, issuers
 
 QUERY_PARAM = "access_token"
 API_KEY_HEADER = "x-api-key"  # LangGraph's
@@ -72,4 +72,31 @@ def refuse_misplaced_query_token(
     # A plain function (no frame kept alive while a WebSocket lasts); what it
     # raises reaches error_middleware's try, which is outside it.
     check_query_token(request)
-    return handler(request)
+    wait = _keys_wait(request)
+    return handler(request) if wait is None else _after(wait, handler, request)
+
+
+def _keys_wait(request: web.Request) -> Awaitable[None] | None:
+    """The JWKS fetch to await before the handler verifies the request's token
+    (one that names a kid its trusted issuer has not published yet, see
+    issuers.py); None for nearly every request. The WebSocket upgrade waits in
+    ws.py, so that no frame of this middleware lives as long as the socket."""
+    verifier = request.app.get(issuers.ISSUERS)
+    if verifier is None or not verifier.names:
+        return None
+    resource = request.match_info.route.resource
+    if resource is not None and resource.canonical == _WS_ROUTE:
+        return None
+    header = request.headers.get("Authorization")
+    token = auth.bearer(header) or request.query.get(QUERY_PARAM)
+    if not header and not token:
+        token = request.headers.get(API_KEY_HEADER)
+    return verifier.keys_ready(token) if token else None
+
+
+async def _after(
+    wait: Awaitable[None], handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    request: web.Request,
+) -> web.StreamResponse:  # fmt: skip
+    await wait
+    return await handler(request)

@@ -38,7 +38,7 @@ from broker import errors
 from broker.settings import Settings
 from broker.sockets import bind_free_port
 
-from . import auth
+from . import auth, issuers
 from ._aio import AppRunner
 from .app import build_app, build_ops_app
 from .context import GATEWAY
@@ -48,6 +48,7 @@ log = logging.getLogger("runlog.gateway")
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     auth.check_secret(settings)
+    issuers.check(settings)
     with contextlib.ExitStack() as held:
         sock = None
         if not settings.gateway_port:

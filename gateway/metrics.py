@@ -52,6 +52,14 @@ class GatewayMetrics:
             "Progress events skipped for a lagging client.",
             registry=registry,
         )
+        # Label values: the issuers of trusted_issuers only, never a token's `iss`.
+        self.jwks_loads = Counter(
+            "runlog_gateway_jwks_loads_total",
+            "JWKS fetches of the trusted issuers, by issuer and outcome (ok, error: the last "
+            "good keys are kept).",
+            ["issuer", "outcome"],
+            registry=registry,
+        )
         self.topics = Gauge(
             "runlog_gateway_topics", "Runs and sessions this gateway follows.", registry=registry
         )

@@ -165,6 +165,7 @@ class WsClient(Connection):
         msg = protocol.decode(data, max_bytes=s.max_message_bytes)
         match msg:
             case protocol.Auth():
+                await self.gw.issuers.ready(msg.token)  # a fresh kid's keys (issuers.py)
                 self.authenticate(msg.token)
                 self.reply("authenticated", ref=msg.ref, user=self.user)
             case protocol.Ping():
@@ -300,6 +301,8 @@ async def _open(gw: Gateway, request: web.Request) -> tuple[web.WebSocketRespons
                     hint=f"offer both: Sec-WebSocket-Protocol: {protocol.SUBPROTOCOL}, "
                     f"{protocol.BEARER_SUBPROTOCOL_PREFIX}<token>",
                 )
+    if token:
+        await gw.issuers.ready(token)  # a fresh kid's keys (issuers.py)
     principal = gw.verify(token) if token else None  # bad token: 401 before upgrade
     ip = gw.admission.client_ip(request)
 

@@ -9,6 +9,8 @@ runlog gateway    a gateway (REST, SSE, WebSocket) on gateway_host:gateway_port;
 runlog worker     a worker: takes run jobs, executes runs (--concurrency N)
 runlog token      mint a bearer token for --user, signed with jwt_secret or
                   else the secret of --data-dir's `runlog up`
+runlog issuers check  fetch each trusted issuer's JWKS, print its keys (exit 1
+                  if one did not load)
 runlog revoke     revoke every token of --user issued so far (ends its connections)
 runlog prune      delete runs that ended more than --older-than-days ago
 runlog settings   print every setting with its variable, flag and default
@@ -111,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     Settings.add_arguments(pr)
 
+    iss = command("issuers", help="check the trusted token issuers (trusted_issuers)")
+    iss.add_argument("action", choices=["check"], help="check: fetch each JWKS, print its keys")
+    Settings.add_arguments(iss)
+
     st = command("settings", help="print every setting (variable, flag, default)")
     st.add_argument("--markdown", action="store_true", help="as the table of docs/configuration.md")
     return p
@@ -195,6 +201,11 @@ def _main(argv: list[str] | None) -> None:
             asyncio.run(_prune(settings, args.older_than_days, args.dry_run, args.batch_events))
         elif args.command == "token":
             print(_mint(settings, args.user, args.ttl_s))
+        elif args.command == "issuers":
+            from gateway import issuers
+
+            if not asyncio.run(issuers.report(settings, print)):
+                sys.exit(1)
         elif args.command == "revoke":
             asyncio.run(_revoke(settings, args.user))
         elif args.command == "up":
@@ -212,6 +223,9 @@ def _main(argv: list[str] | None) -> None:
                     hint="stop it (Ctrl-C), or give this one another --data-dir",
                 )
             _check_agent(settings)
+            from gateway import issuers
+
+            issuers.check(settings)  # one line here, not gateways failing to start
             asyncio.run(up.run(settings, workers=args.workers, gateways=args.gateways))
     except errors.RunlogError as e:
         if logged:

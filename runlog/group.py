@@ -117,10 +117,11 @@ def shared_port(settings: Settings, held: contextlib.ExitStack) -> int:
 
 async def run(settings: Settings, processes: int) -> int:
     """Serve until SIGTERM/SIGINT; the exit code (0: every child drained)."""
-    from gateway import auth
+    from gateway import auth, issuers
 
     check(processes)
     auth.check_secret(settings)  # one line here rather than N children failing
+    issuers.check(settings)
     with contextlib.ExitStack() as held:  # the ports bound here, until every child is gone
         port = shared_port(settings, held)
         ports = metrics_ports(settings, processes, held)
