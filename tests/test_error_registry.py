@@ -190,3 +190,16 @@ def test_protocol_doc_tables_are_generated_from_the_registry() -> None:
 def test_the_generated_section_must_exist() -> None:
     with pytest.raises(ValueError):
         codes.markdown("# no tables here\n")
+
+
+def test_the_workers_run_error_table_agrees_with_the_registry() -> None:
+    """docs/workers.md's hand-written table (its causes say more than a
+    meaning): each code registered as a run_error, with its flag."""
+    text = (ROOT / "docs" / "workers.md").read_text()
+    section = text.split("## Error codes in `run_error`", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| ([a-z ]+) \|", section, re.M)
+    assert len(rows) >= 10
+    for name, retry in rows:
+        assert name in worker_errors.ALL_CODES, name
+        if retry in ("yes", "no"):
+            assert codes.get(name).retryable is (retry == "yes"), name
