@@ -14,6 +14,7 @@ gateway runs in this process, so a traceback it logs fails the test too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from broker import approvals, ids
+from broker import approvals, errors, ids
 from broker.runtime import Broker
 from broker.settings import Settings
 from gateway import openapi
@@ -33,7 +34,7 @@ from gateway import openapi
 from .gw import running_gateway, write_run
 
 ST = Path(sys.executable).parent / "st"
-MEMBERS = 50
+MEMBERS = 10
 CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,"
     "response_schema_conformance"
@@ -68,7 +69,7 @@ def _config(ids: dict[str, list[str]]) -> str:
         # one is a 101 and a WebSocket conversation; every plain GET is the
         # 400 the document lists (tests/test_gateway_ws.py tests the upgrade).
         # A member's role change or removal reaches the store mostly with ids
-        # that exist (a removal works once: MEMBERS of them).
+        # that exist (and are put back: see _keep_members).
         "[[operations]]",
         'include-path-regex = "^/v1/sessions/[{]session_id[}]/members/"',
         'parameters = { "path.session_id" = { dictionary = "session_ids", probability = 0.9 },'
@@ -79,6 +80,24 @@ def _config(ids: dict[str, list[str]]) -> str:
         "warnings = false",
     ]
     return "\n".join(lines) + "\n"
+
+
+async def _keep_members(broker: Broker, sid: str, members: list[str]) -> None:
+    """The fuzz session's members to change and remove, put back every
+    second (a removal works once; a role change may make one an owner), and
+    the fuzzer its owner: what the fuzzer changes, it changes for a moment."""
+    while True:
+        await asyncio.sleep(1.0)
+        await _put_back(broker, sid, members)
+
+
+async def _put_back(broker: Broker, sid: str, members: list[str]) -> None:
+    """One pass; a change the fuzzer's own races refuse waits for the next."""
+    for user, role in ("fuzzer", "owner"), *((m, "viewer") for m in members):
+        info = await broker.store.session_info(sid, runs_limit=1)
+        owner = next(u for u, r in info.members if r == "owner")  # one always is
+        with contextlib.suppress(errors.Forbidden, errors.LastOwner):
+            await broker.store.add_member(sid, user, role, owner)
 
 
 async def test_schemathesis_finds_no_server_error_nor_undocumented_status(
@@ -93,10 +112,9 @@ async def test_schemathesis_finds_no_server_error_nor_undocumented_status(
                            tool_call_id="c", summary="s",
                            expires_at_ms=int(time.time() * 1000) + 3_600_000)  # fmt: skip
     cfg = tmp_path / "schemathesis.toml"
-    # Members to change and remove (each once): the fuzzer's own role stays.
     members = [f"fuzz-{i:02}" for i in range(MEMBERS)]
-    for user in members:
-        await broker.store.add_member(sid, user, "viewer", "fuzzer")
+    await _put_back(broker, sid, members)
+    keeper = asyncio.create_task(_keep_members(broker, sid, members))
     cfg.write_text(_config({"session_id": [sid], "run_id": [run_id], "approval_id": [aid],
                             "user_id": members}))  # fmt: skip
     async with running_gateway(settings, control_rate_per_s=1000) as gw:
@@ -109,6 +127,9 @@ async def test_schemathesis_finds_no_server_error_nor_undocumented_status(
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=tmp_path,
         )  # fmt: skip
         out, _ = await proc.communicate()
+    keeper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await keeper
     report = out.decode(errors="replace")
     # The failures (and warnings) come after the last case's long output.
     start = min(i for i in (report.find("FAILURES"), report.find("WARNINGS"), len(report))
