@@ -18,7 +18,6 @@ ALL_CODES = codes.run_error_codes()
 CODES: dict[str, tuple[bool, str]] = {
     name: (codes.get(name).retryable, codes.get(name).meaning) for name in ALL_CODES
 }
-MODEL_CODES = tuple(name for name in ALL_CODES if codes.get(name).fault == "upstream")
 
 
 class RunFailure(Exception):
