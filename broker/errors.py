@@ -1,19 +1,33 @@
 """Errors of the log, split by whose fault (client, storage, internal).
 
-Every error a client can see carries a stable `code` (see `docs/protocol.md`,
-"Error codes"). Code branches on the class or the code, never on the text.
+Every error a client can see carries a stable `code`, registered with its
+HTTP status and `retryable` flag in broker/codes.py (the one table; see
+`docs/protocol.md`, "Error codes"): a class names its code, and takes its
+status and flag from there. Code branches on the class or the code, never
+on the text.
 """
 
 from __future__ import annotations
 
+from . import codes
+
 
 class RunlogError(Exception):
     """Base class. `code` is stable and documented; `retryable` tells a client
-    whether the same request may succeed later unchanged."""
+    whether the same request may succeed later unchanged. Both, and
+    `http_status`, come from the code's entry in broker/codes.py."""
 
     code = "internal"
-    retryable = False
+    retryable = codes.get("internal").retryable
     http_status = 500
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        entry = codes.CODES.get(cls.code)
+        if entry is not None:  # an unregistered code fails tests/test_error_registry.py
+            cls.retryable = entry.retryable
+            if entry.http is not None:
+                cls.http_status = entry.http
 
     def __init__(
         self, detail: str = "", *, hint: str = "", extra: dict[str, object] | None = None
@@ -40,7 +54,13 @@ class RunlogError(Exception):
 
 class ClientError(RunlogError):
     code = "bad_request"
-    http_status = 400
+
+
+class InvalidRequest(ClientError):
+    """A request's body, query or field is not what the endpoint takes (REST
+    and every compat format)."""
+
+    code = "invalid_request"
 
 
 class InvalidEvent(ClientError):
@@ -53,21 +73,18 @@ class UnknownEventType(InvalidEvent):
 
 class PayloadTooLarge(ClientError):
     code = "payload_too_large"
-    http_status = 413
 
 
 class UriTooLong(ClientError):
     """The request line (method, path and query) is longer than the gateway reads."""
 
     code = "uri_too_long"
-    http_status = 414
 
 
 class HeadersTooLarge(ClientError):
     """A request header (or a chunk-size line) is longer than the gateway reads."""
 
     code = "headers_too_large"
-    http_status = 431
 
 
 class InvalidCursor(ClientError):
@@ -76,7 +93,6 @@ class InvalidCursor(ClientError):
 
 class NotFound(ClientError):
     code = "not_found"
-    http_status = 404
 
 
 class RunNotFound(NotFound):
@@ -89,7 +105,6 @@ class SessionNotFound(NotFound):
 
 class Conflict(ClientError):
     code = "conflict"
-    http_status = 409
 
 
 class RunEnded(Conflict):
@@ -130,7 +145,6 @@ class ApprovalStale(Conflict):
 
 class ApprovalExpired(ClientError):
     code = "approval_expired"
-    http_status = 410
 
 
 class ModelNotAllowed(ClientError):
@@ -155,7 +169,6 @@ class Unauthorized(ClientError):
     """No valid credentials: re-authenticate."""
 
     code = "unauthorized"
-    http_status = 401
 
 
 class TokenExpired(Unauthorized):
@@ -178,7 +191,6 @@ class Forbidden(ClientError):
     """Authenticated, but the role does not allow this."""
 
     code = "forbidden"
-    http_status = 403
 
 
 class NotAMember(Forbidden):
@@ -200,8 +212,6 @@ class TooManyConnections(RunlogError):
     """A per-user or per-address connection cap of this gateway is reached."""
 
     code = "too_many_connections"
-    retryable = True
-    http_status = 429
 
 
 # -- storage errors: a dependency failed; the same request may work later.
@@ -209,16 +219,12 @@ class TooManyConnections(RunlogError):
 
 class StorageError(RunlogError):
     code = "storage_unavailable"
-    retryable = True
-    http_status = 503
 
 
 class ServerDraining(RunlogError):
     """This process is shutting down: the same request works on another one."""
 
     code = "server_draining"
-    retryable = True
-    http_status = 503
 
 
 class BusUnavailable(StorageError):

@@ -40,7 +40,7 @@ import msgspec
 from aiohttp import http_exceptions, web
 from aiohttp.base_protocol import BaseProtocol
 
-from broker import errors
+from broker import codes, errors
 from broker.contract import Guard, check, incompatible, params, uses
 
 # The aiohttp release these names were read from: the pin in pyproject.toml
@@ -146,8 +146,8 @@ class _RequestHandler(web.RequestHandler):
             # An error that got past the app's middleware: a bug (answered as
             # the middleware answers one).
             log.error("unhandled error on a request from %s", request.remote, exc_info=exc)
-            body = {"code": "internal", "message": "internal error", "retryable": True}
-            status = 500
+            body = codes.body("internal", "internal error")
+            status = errors.InternalError.http_status
         if request.writer.output_size > 0:
             raise ConnectionError("a response was sent already: cannot send the error")
         resp = web.Response(

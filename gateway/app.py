@@ -114,7 +114,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi_doc(request: web.Request) -> web.Response:
-    return json_response(openapi.document())
+    return json_response(openapi.document(request.app[GATEWAY].settings))
 
 
 async def index(request: web.Request) -> web.StreamResponse:

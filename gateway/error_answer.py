@@ -14,19 +14,12 @@ import math
 
 from aiohttp import web
 
-from broker import errors
+from broker import codes, errors
 from broker.store import TRANSIENT_DB_ERRORS, unavailable
 
 from .context import GATEWAY, json_response
 
 log = logging.getLogger("gateway.app")
-
-_HTTP_CODES = {
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-}
 
 
 def answer(request: web.Request, exc: Exception) -> web.Response:
@@ -42,9 +35,8 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
             raise exc
-        code = _HTTP_CODES.get(exc.status, "bad_request")
         resp = json_response(
-            {"error": {"code": code, "message": exc.reason, "retryable": False}}, exc.status
+            {"error": codes.body(codes.http_code(exc.status), exc.reason)}, exc.status
         )
         for name, value in exc.headers.items():  # a 405's Allow, for one
             if name.lower() not in ("content-type", "content-length"):
@@ -55,8 +47,7 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         # is a ConnectionResetError): its doing, not the store's; nobody reads
         # the answer, and nothing is logged above debug.
         log.debug("%s %s: the client went away", request.method, request.path)
-        return json_response({"error": {"code": "client_gone", "message": "the client went away",
-                                        "retryable": True}}, 499)  # fmt: skip
+        return _coded("client_gone", "the client went away")
     if isinstance(exc, TRANSIENT_DB_ERRORS):
         # A connection error that got past the store: still the retryable
         # answer, and an outage is not a bug (no traceback).
@@ -65,9 +56,13 @@ def answer(request: web.Request, exc: Exception) -> web.Response:
         err = unavailable("the request")
         return json_response({"error": err.to_dict()}, err.http_status)
     log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
-    return json_response(
-        {"error": {"code": "internal", "message": "internal error", "retryable": True}}, 500
-    )
+    return _coded("internal", "internal error")
+
+
+def _coded(code: str, message: str) -> web.Response:
+    status = codes.get(code).http
+    assert status is not None, code  # a code of the registry's with an HTTP status
+    return json_response({"error": codes.body(code, message)}, status)
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -1,17 +1,24 @@
 """The OpenAPI 3.1 document served at /v1/openapi.json.
 
 Request bodies come from the same msgspec Structs the handlers decode with,
-so the document cannot drift from what the server accepts.
+so the document cannot drift from what the server accepts; the rules the
+Structs cannot say are added from where the server keeps them: the model
+allow-list and the page limit (the gateway's settings), the user id rule
+(broker/ids.py), PATCH's "at least one field". Each operation lists exactly
+the statuses it can answer, described by their codes in broker/codes.py.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
+import unicodedata
 from typing import Any
 
 import msgspec
 
-from broker import events, sessions
+from broker import codes, events, ids, models, sessions
+from broker.settings import Settings
 
 from . import inputs, rest
 from .compat import agui_http
@@ -33,20 +40,35 @@ _ERROR = {
 }
 
 
-# Every error status an operation can answer, with what it means here (the
-# codes are in docs/protocol.md). An operation lists exactly its own.
-_ERRORS = {
-    400: "bad input: invalid_request (body, limit), invalid_cursor, bad_request",
-    401: "unauthorized / token_expired",
-    403: "not_a_member (also for unknown or malformed ids) / forbidden",
-    404: "not found (approval_not_found, in a run you are a member of)",
-    409: "conflict (run_busy, session_archived, approval_conflict, ...)",
-    410: "approval_expired",
-    413: "payload_too_large",
-    429: "too_many_connections (retry_after_s)",
-    503: "storage_unavailable / server_draining / bus_unavailable (retryable)",
+# What an error status means here: how it is used, then the codes of the
+# registry (broker/codes.py, docs/protocol.md "Error codes") it carries.
+_USES = {
+    400: "bad input (the body, the query, malformed HTTP)",
+    401: "no valid token",
+    403: "not a member (also for unknown or malformed ids), or the role does not allow it",
+    404: "not found (in a session you are a member of)",
+    409: "conflict with the run's or the session's state",
+    410: "too late",
+    413: "the body is over max_message_bytes",
+    414: "the request line is too long",
+    429: "past a connection cap (retry_after_s)",
+    431: "a header is too long",
+    503: "retryable: a dependency is unavailable, or this gateway is draining",
 }
-_COMMON = (401, 503)
+# Codes of a status no operation here answers with (the append path's, a
+# WebSocket's, a client that left).
+_HIDDEN = {"client_gone", "stale_epoch", "conflict", "invalid_event", "unknown_event_type"}
+
+
+def _describe(status: int) -> str:
+    names = [n for n, c in codes.CODES.items()
+             if c.kind == "request" and c.http == status and n not in _HIDDEN]  # fmt: skip
+    return f"{_USES[status]}: {', '.join(names)}"
+
+
+# Any request may be refused by the HTTP parser (400, 414, 431), is
+# authenticated (401) and may meet an outage or a drain (503).
+_COMMON = (400, 401, 414, 431, 503)
 _WITH_BODY = (400, 413)
 
 # The form of the ids (broker/ids.py). A path id of another form is answered
@@ -69,7 +91,7 @@ def _op(summary: str, *, body: str | None = None, ok: int | tuple[int, ...] = 20
     }  # fmt: skip
     for s in statuses:
         responses[str(s)] = {
-            "description": _ERRORS[s],
+            "description": _describe(s),
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
         }
     op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}], "responses": responses}
@@ -80,26 +102,78 @@ def _op(summary: str, *, body: str | None = None, ok: int | tuple[int, ...] = 20
         }
     if sse:  # 200 is the stream (or, without Accept: text/event-stream, the page)
         responses["200"]["content"] = {
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": {"type": "object"}},
             "application/json": {"schema": {"type": "object"}},
         }
     op["parameters"] = [
-        {"name": p, "in": "path", "required": True,
-         "schema": {"type": "string", **({"pattern": _ID_PATTERNS[p]} if p in _ID_PATTERNS
-                                         else {})}}
-        for p in params
-    ]  # fmt: skip
+        {"name": p, "in": "path", "required": True, "schema": _path_schema(p)} for p in params
+    ]
     return op
 
 
-_CURSOR_PARAMS = [
-    {"name": "after", "in": "query",
-     "schema": {"type": "integer", "minimum": 0, "maximum": inputs.MAX_COUNT}},
-    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
-    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string", "pattern": "^[0-9]+$"}},
-    {"name": "access_token", "in": "query", "schema": {"type": "string"},
-     "description": "the bearer token, for EventSource: only with Accept: text/event-stream"},
-]  # fmt: skip
+def _path_schema(name: str) -> dict[str, Any]:
+    if name == "user_id":
+        return {"$ref": "#/components/schemas/UserId"}
+    if name in _ID_PATTERNS:
+        return {"type": "string", "pattern": _ID_PATTERNS[name]}
+    return {"type": "string"}
+
+
+def _cursor_params(page_max_events: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "after", "in": "query",
+         "schema": {"type": "integer", "minimum": 0, "maximum": inputs.MAX_COUNT}},
+        {"name": "limit", "in": "query",
+         "schema": {"type": "integer", "minimum": 1, "maximum": page_max_events}},
+        {"name": "Last-Event-ID", "in": "header",
+         "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+        {"name": "access_token", "in": "query", "schema": {"type": "string"},
+         "description": "the bearer token, for EventSource: only with Accept: text/event-stream"},
+    ]  # fmt: skip
+
+
+def _printable_class(*, space: bool) -> str:
+    """A regex character class of the characters broker/ids.py's rule
+    allows in a user id (str.isprintable: no control, format, surrogate,
+    private-use or unassigned character, no separator but the ASCII space),
+    as ranges: the same in JSON Schema (ECMA-262, u flag) and Python."""
+    out, start, prev = [], -1, -2
+    for cp in range(sys.maxunicode + 1):
+        ok = chr(cp).isprintable() and (space or cp != 0x20)
+        if ok and cp == prev + 1:
+            prev = cp
+            continue
+        if start >= 0:
+            out.append(_char(start) if start == prev else f"{_char(start)}-{_char(prev)}")
+            start = -1
+        if ok:
+            start = prev = cp
+    if start >= 0:
+        out.append(f"{_char(start)}-{_char(prev)}")
+    return "[" + "".join(out) + "]"
+
+
+def _char(cp: int) -> str:
+    if cp < 0x80:
+        c = chr(cp)
+        return "\\" + c if c in "\\]^-[" else c
+    if cp <= 0xFFFF:
+        return f"\\u{cp:04x}"
+    return chr(cp)  # an astral character as itself (no escape both read alike)
+
+
+@functools.cache
+def _user_id_schema() -> dict[str, Any]:
+    edge, inner = _printable_class(space=False), _printable_class(space=True)
+    n = ids.USER_ID_MAX_CHARS
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": n,
+        "pattern": f"^{edge}(?:{inner}{{0,{n - 2}}}{edge})?$",
+        "description": "1 to 200 printable characters (Unicode "
+        f"{unicodedata.unidata_version}), not starting or ending with a space",
+    }
 
 
 def _list_op() -> dict[str, Any]:
@@ -129,10 +203,11 @@ def _config_op() -> dict[str, Any]:
     return op
 
 
-def _stream_op(summary: str, params: tuple[str, ...], errors: tuple[int, ...]) -> dict[str, Any]:
+def _stream_op(summary: str, params: tuple[str, ...], errors: tuple[int, ...],
+               body: str = "RunAgentInput") -> dict[str, Any]:  # fmt: skip
     """A compat format's answer: only ever an event stream (docs/compat.md)."""
-    op = _op(summary, body="RunAgentInput", params=params, errors=errors)
-    op["responses"]["200"]["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    op = _op(summary, body=body, params=params, errors=errors)
+    op["responses"]["200"]["content"] = {"text/event-stream": {"schema": {"type": "object"}}}
     op["parameters"].append({"name": "Last-Event-ID", "in": "header",
                              "schema": {"type": "string", "pattern": "^[0-9]+$"}})  # fmt: skip
     return op
@@ -146,12 +221,24 @@ def _agui_paths() -> dict[str, Any]:
             " resume[] decides its approvals", ("run_id",), (400, 403, 409, 410, 429))},
         p + "/sessions/{session_id}": {"post": _stream_op(
             "AG-UI: the last user message starts a run, answered as it streams (with resume[]:"
-            " decide and continue that run)", ("session_id",), (400, 403, 409, 410, 429))},
+            " decide and continue that run)", ("session_id",), (400, 403, 409, 410, 429),
+            "AgUiStart")},
     }  # fmt: skip
 
 
+def _models(settings: Settings) -> list[str]:
+    """What a run's `model` may be (broker/models.py): "" and the allow-list."""
+    return list(dict.fromkeys(["", models.default_model(settings), *models.listed(settings)]))
+
+
+def document(settings: Settings) -> dict[str, Any]:
+    """The document for a gateway with these settings (the model allow-list
+    and the page limit are theirs)."""
+    return _document(settings.page_max_events, tuple(_models(settings)))
+
+
 @functools.cache
-def document() -> dict[str, Any]:
+def _document(page_max_events: int, allowed_models: tuple[str, ...]) -> dict[str, Any]:
     bodies = (rest.CreateSession, rest.AddMember, rest.SetRole, rest.StartRun,
               rest.InterruptBody, rest.DecideBody, rest.UpdateSession,
               agui_http.RunAgentInput)  # fmt: skip
@@ -160,21 +247,22 @@ def document() -> dict[str, Any]:
     )
     run_events = _op("A run's events: JSON page, or SSE with Accept: text/event-stream",
                      ok=(200, 204), sse=True, params=("run_id",), errors=(400, 403, 429))  # fmt: skip
-    run_events["parameters"] += _CURSOR_PARAMS
+    run_events["parameters"] += _cursor_params(page_max_events)
     session_events = _op("A session's events (all runs, session cursor): page or SSE",
                          ok=(200, 204), sse=True, params=("session_id",),
                          errors=(400, 403, 429))  # fmt: skip
-    session_events["parameters"] += _CURSOR_PARAMS
+    session_events["parameters"] += _cursor_params(page_max_events)
     ws_op = _op("WebSocket (see docs/protocol.md); 400 if not an upgrade", ok=101,
                 errors=(400, 403))  # fmt: skip
     ws_op["parameters"].append(
         {"name": "access_token", "in": "query", "schema": {"type": "string"}}
     )
+    _server_rules(components, list(allowed_models))
     return {
         "openapi": "3.1.0",
         "info": {"title": "runlog gateway", "version": "1"},
         "components": {
-            "schemas": {**components, "Error": _ERROR},
+            "schemas": {**components, "Error": _ERROR, "UserId": _user_id_schema()},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}},
         },
         "paths": {
@@ -211,8 +299,9 @@ def document() -> dict[str, Any]:
                                              errors=(403,))},
             "/v1/runs/{run_id}/events": {"get": run_events},
             "/v1/runs/{run_id}/interrupt": {
-                "post": _op("Stop a run (owners and approvers)", body="InterruptBody", ok=(202,),
-                            params=("run_id",), errors=(403,))},
+                "post": _op("Stop a run (owners and approvers; 409 run_ended once it has ended)",
+                            body="InterruptBody", ok=(202,), params=("run_id",),
+                            errors=(403, 409))},
             "/v1/runs/{run_id}/approvals/{approval_id}": {
                 "post": _op("Decide an approval (first decision wins; 200 on a repeat)",
                             body="DecideBody", ok=(201, 200), params=("run_id", "approval_id"),
@@ -221,3 +310,28 @@ def document() -> dict[str, Any]:
             **_agui_paths(),
         },
     }  # fmt: skip
+
+
+def _server_rules(schemas: dict[str, Any], allowed_models: list[str]) -> None:
+    """What the handlers check beyond the Structs' types, in the schemas."""
+    schemas["AddMember"]["properties"]["user_id"] = {"$ref": "#/components/schemas/UserId"}
+    schemas["StartRun"]["properties"]["model"]["enum"] = allowed_models
+    schemas["AgUiRunlogProps"]["properties"]["model"]["enum"] = allowed_models
+    # PATCH: the fields given change; null is a field not given, and at
+    # least one must be.
+    patch = schemas["UpdateSession"]
+    for name, prop in patch["properties"].items():
+        (given,) = [s for s in prop.pop("anyOf") if s != {"type": "null"}]
+        prop.pop("default", None)
+        patch["properties"][name] = {**prop, **given}
+    patch["minProperties"] = 1
+    # AG-UI: a session's start needs a user message (its text is the run's
+    # input) unless it answers approvals (resume); no text holds a NUL.
+    (text,) = [s for s in schemas["AgUiMessage"]["properties"]["content"]["anyOf"]
+               if s.get("type") == "string"]  # fmt: skip
+    text["pattern"] = schemas["AgUiContentPart"]["properties"]["text"]["pattern"] = inputs.NO_NUL
+    user = {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}}}
+    schemas["AgUiStart"] = {"allOf": [{"$ref": "#/components/schemas/RunAgentInput"}], "anyOf": [
+        {"required": ["messages"], "properties": {"messages": {"contains": user}}},
+        {"required": ["resume"], "properties": {"resume": {"minItems": 1}}},
+    ]}  # fmt: skip

@@ -82,8 +82,7 @@ class DecideBody(Body):
     call_digest: Digest = ""  # what the approver was shown; 409 approval_stale if it changed
 
 
-class InvalidRequest(errors.ClientError):
-    code = "invalid_request"
+InvalidRequest = errors.InvalidRequest  # 400 invalid_request (the compat formats raise it too)
 
 
 B = TypeVar("B", bound=msgspec.Struct)  # a Body, or a compat format's own struct

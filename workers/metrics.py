@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .errors import ALL_CODES
 
+_ERROR_LABELS = frozenset(ALL_CODES)
+
 _LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     30.0,
@@ -130,7 +132,7 @@ class WorkerMetrics:
             self.runs.labels(o)
         for o in JOB_OUTCOMES:
             self.jobs.labels(o)
-        for code in ALL_CODES:
+        for code in (*ALL_CODES, "other"):
             self.errors.labels(code)
         for o in APPROVAL_OUTCOMES:
             self.approvals.labels(o)
@@ -141,4 +143,6 @@ class WorkerMetrics:
         return name if name in self._tools else "other"
 
     def error_label(self, code: str) -> str:
-        return code if code in ALL_CODES else "internal"
+        """A registered run_error code as itself; an agent's own AgentError
+        code (its choice, unbounded) as `other`, not as a bug of runlog's."""
+        return code if code in _ERROR_LABELS else "other"

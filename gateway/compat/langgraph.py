@@ -56,8 +56,8 @@ _HIDDEN = ("run_id", "session_id", "type")  # fields a `custom` payload leaves o
 _NODE = "agent"
 
 
-class UnsupportedStreamMode(errors.ClientError):
-    code = "invalid_request"
+class UnsupportedStreamMode(errors.InvalidRequest):
+    """A stream mode the LangGraph runs API has that runlog does not serve."""
 
 
 def parse_modes(raw: Iterable[str], default: Iterable[str] = DEFAULT_MODES) -> frozenset[str]:

@@ -89,6 +89,7 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 
+from broker import codes
 from broker.events import RiskLevel, ToolStatus
 from workers.adapters.sse import SSEClient, SSEEvent, Timeouts, clean_message
 from workers.api import AgentContext, AgentError, ChatMessage, Decision
@@ -99,17 +100,12 @@ __all__ = ["CODES", "AgUiAgent", "Result", "Segment", "agent", "agui_agent", "de
 URL_ENV = "RUNLOG_AGUI_URL"
 HEADERS_ENV = "RUNLOG_AGUI_HEADERS"
 
-# code -> (retryable, meaning); documented in docs/agents.md.
+# code -> (retryable, meaning): the upstream_* codes of broker/codes.py;
+# documented in docs/agents.md.
 CODES: dict[str, tuple[bool, str]] = {
-    "upstream_not_configured": (False, "no upstream URL (RUNLOG_AGUI_URL) or bad headers"),
-    "upstream_unavailable": (True, "cannot connect, connection lost, or HTTP 5xx"),
-    "upstream_timeout": (True, "nothing from the upstream within model_timeout_s"),
-    "upstream_auth": (False, "HTTP 401/403"),
-    "upstream_rate_limited": (True, "HTTP 429"),
-    "upstream_bad_request": (False, "another HTTP 3xx/4xx"),
-    "upstream_bad_response": (True, "not an event stream, or an event that is not AG-UI 1.0"),
-    "upstream_incomplete": (True, "the stream ended without RUN_FINISHED or RUN_ERROR"),
-    "upstream_error": (False, "the upstream answered RUN_ERROR"),
+    name: (c.retryable, c.meaning)
+    for name, c in codes.CODES.items()
+    if name.startswith("upstream_")
 }
 
 # What the shared SSE client's codes mean for an upstream.
