@@ -36,14 +36,16 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
+
+import msgspec
 
 Fault = Literal["client", "server", "upstream"]
 Kind = Literal["request", "disconnect", "process", "run", "projection"]
 Reconnect = Literal["resume", "reauth", "stop"]
 
 
-class Code(NamedTuple):
+class Code(msgspec.Struct, frozen=True, gc=False):
     kind: Kind
     http: int | None
     retryable: bool
