@@ -50,9 +50,10 @@ run: $(RUN_STAMP)
 vendor:
 	node gateway/static/vendor/build.mjs
 
-# Everything (what CI runs), with the 20 slowest tests listed at the end.
+# Everything (what CI runs), with the 20 slowest tests listed at the end. In
+# three processes, a file each at a time (docs/development.md, "Parallel").
 test: $(STAMP) $(CLIENTS) | $(CHROMIUM) $(JQ)
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20
 
 # While developing: the tests that need no server (pure code and the memory
 # backends; markers set in tests/conftest.py), in about a minute.

@@ -150,9 +150,17 @@ _LEAK_GRACE_S = 5.0  # teardown callbacks and closing sockets may take a moment
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Also: a report's captured output with lone surrogates (a client's raw
+    header bytes, which aiohttp decodes with surrogateescape) is shown
+    backslash-escaped: pytest-xdist's workers send reports as UTF-8, which a
+    surrogate cannot be, and crashed on them (tests/test_logformat.py)."""
     report = yield
     if report.when == "call":
         item.stash[_CALL_FAILED] = report.failed
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
     return report
 
 
