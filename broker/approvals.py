@@ -137,7 +137,14 @@ async def decide(
     )
     if row is not None:
         return ApprovalInfo(*row), True
-    stored = await _get(conn, approval_id)
+    return not_taken(await _get(conn, approval_id), decision, call_digest)
+
+
+def not_taken(stored: ApprovalInfo, decision: str, call_digest: str) -> tuple[ApprovalInfo, bool]:
+    """A decision that did not take effect on `stored`: (stored, False) when it
+    repeats the stored one, else the error that says why (a store's `decide`,
+    this module's or the memory store's, after its update matched nothing)."""
+    approval_id = stored.approval_id
     if call_digest and stored.call_digest != call_digest:
         raise errors.ApprovalStale(
             f"approval {approval_id} guards another tool call than the one shown "

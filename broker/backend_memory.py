@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from . import errors, events
+from . import approvals, errors, events
 from .approvals import ApprovalInfo
 from .bus import LiveBatch, decode_batch, encode_batch
 from .constants import events_subject
@@ -678,21 +678,7 @@ class MemoryStore:
                 comment,
             )
             return self._approval_info(a), True
-        stored = self._approval_info(a)
-        if not digest_ok:
-            raise errors.ApprovalStale(
-                f"approval {approval_id} guards another tool call than the one shown "
-                "(its arguments changed): decide it again from what it shows now",
-                extra={"call_digest": a.call_digest},
-            )
-        if a.decision is None or a.decision == "expired":
-            raise errors.ApprovalExpired(f"approval {approval_id} expired")
-        if a.decision == decision:
-            return stored, False
-        raise errors.ApprovalConflict(
-            f"approval {approval_id} was already decided: {a.decision} by {a.decided_by}",
-            extra={"stored": {f: getattr(a, f) for f in _Approval.__slots__}},
-        )
+        return approvals.not_taken(self._approval_info(a), decision, call_digest)
 
     # -- helpers
 

@@ -87,15 +87,22 @@ async def _schema(url: str, tables: list[str]) -> dict[str, list[tuple[Any, ...]
     }
 
 
-async def _tables(url: str) -> list[str]:
+async def _column(url: str, sql: str) -> list[object]:
+    """The first column of `sql`'s rows, on a connection of its own."""
     conn = await asyncpg.connect(url)
     try:
-        rows = await conn.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
-        )
+        return [r[0] for r in await conn.fetch(sql)]
     finally:
         await conn.close()
-    return [r[0] for r in rows]
+
+
+async def _tables(url: str) -> list[str]:
+    return [
+        str(t)
+        for t in await _column(
+            url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        )
+    ]
 
 
 async def test_the_migrations_create_what_setup_creates(fresh: _Fresh) -> None:
@@ -157,14 +164,8 @@ async def test_the_adapter_checkpoints_without_setup(
             assert (await graph.aget_state(config)).values == {"n": 2}
         finally:
             await checkpoints.aclose()
-        conn = await asyncpg.connect(url)
-        try:
-            stored = await conn.fetchval(
-                "SELECT count(*) FROM checkpoints WHERE thread_id = 'run-1'"
-            )
-        finally:
-            await conn.close()
-        assert stored > 0
+        [stored] = await _column(url, "SELECT count(*) FROM checkpoints WHERE thread_id = 'run-1'")
+        assert isinstance(stored, int) and stored > 0
 
 
 async def test_an_unmigrated_database_is_told_to_migrate(fresh: _Fresh) -> None:
